@@ -1,0 +1,1 @@
+"""Ray Serve applications: policy and analyzer deployments, inference backends, weight hot-swap."""

@@ -1,0 +1,1 @@
+"""Ray Train loops: pure loss functions, batching of step samples, the RL and SFT trainers."""

@@ -1,0 +1,108 @@
+"""Load pydantic configs from YAML files plus ``key.sub=value`` command-line overrides.
+
+Errors name the file, the field's dotted path, the value given and what is allowed, e.g.::
+
+    config error in workflows/configs/embedded.yaml:
+      rollout.group_size = 0: Input should be greater than or equal to 2
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not validate; the message says what and where."""
+
+
+def resolve_config_path(name: str | Path) -> Path:
+    """A path as given, or a bare name looked up in ``workflows/configs`` (``embedded``)."""
+    path = Path(name)
+    if path.exists():
+        return path
+    for candidate in (CONFIG_DIR / name, CONFIG_DIR / f"{name}.yaml"):
+        if candidate.exists():
+            return candidate
+    known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    raise ConfigError(f"config file {str(name)!r} not found (bundled configs: {known})")
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``trainer.optim.lr=1e-5`` → (['trainer', 'optim', 'lr'], 1e-05); values are YAML."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r} is not of the form key.sub=value")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({exc})") from exc
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Set each dotted key in a nested dict (creating intermediate dicts)."""
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = data
+        for k in keys[:-1]:
+            child = node.get(k)
+            if child is None:
+                child = node[k] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {k!r} is a value, not a section")
+            node = child
+        node[keys[-1]] = value
+    return data
+
+
+def format_validation_error(exc: ValidationError, data: dict[str, Any], source: str) -> str:
+    lines = [f"config error in {source}:"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  {loc}: unknown field (check the spelling; see --help-config)")
+            continue
+        shown = "<missing>" if err["type"] == "missing" else repr(err.get("input"))
+        lines.append(f"  {loc} = {shown}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def load_config(
+    model: type[M], path: str | Path | None = None, overrides: Sequence[str] = ()
+) -> M:
+    """Read ``path`` (YAML mapping; may be None for all defaults), apply overrides, validate."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        resolved = resolve_config_path(path)
+        source = str(resolved)
+        try:
+            loaded = yaml.safe_load(resolved.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config error in {source}: not valid YAML ({exc})") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config error in {source}: top level must be a mapping")
+        data = loaded
+    if overrides:
+        source += " + overrides " + " ".join(overrides)
+    data = apply_overrides(data, overrides)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, data, source)) from None
+
+
+def dump_config(cfg: BaseModel, path: str | Path) -> Path:
+    """Write the fully resolved config next to a run's outputs (reproducibility)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    return path

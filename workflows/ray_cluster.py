@@ -1,0 +1,103 @@
+"""Start or join a Ray cluster with settings that work on a 2-core, no-GPU machine.
+
+``ray.init`` with no address and no running cluster starts a local one; with ``auto`` (what
+``ray job submit`` sets through RAY_ADDRESS) it joins the job's cluster and takes its resources
+as they are.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RayClusterConfig(BaseModel):
+    """How the driver finds or starts Ray."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str | None = Field(
+        None, description="Cluster to join ('auto', 'ray://…'); None: RAY_ADDRESS or a new local one."
+    )
+    num_cpus: float = Field(
+        4, gt=0, description="Logical CPUs of a new local cluster (oversubscribed on 2 cores)."
+    )
+    object_store_memory_mb: int = Field(
+        768, ge=78, description="Object store of a new local cluster, MiB."
+    )
+    include_dashboard: bool = Field(False, description="Start the dashboard on a local cluster.")
+    data_block_size_kb: int = Field(
+        16, ge=1, description="Ray Data target block size; small so streaming blocks flush."
+    )
+
+
+def quiet_ray_env() -> None:
+    """Environment that keeps Ray's console readable and its workers on CPU."""
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def init_ray(cfg: RayClusterConfig | None = None, runtime_env: dict | None = None) -> None:
+    """Connect to (or start) Ray and size Ray Data blocks for streaming sources."""
+    import ray
+    from ray.data import DataContext
+
+    cfg = cfg or RayClusterConfig()
+    quiet_ray_env()
+    if not ray.is_initialized():
+        address = cfg.address or os.environ.get("RAY_ADDRESS")
+        env = {"env_vars": {k: os.environ[k] for k in _WORKER_ENV if k in os.environ}}
+        env.update(runtime_env or {})
+        if address:
+            ray.init(address=address, runtime_env=env, log_to_driver=True)
+        else:
+            ray.init(
+                num_cpus=cfg.num_cpus,
+                object_store_memory=cfg.object_store_memory_mb * 1024 * 1024,
+                include_dashboard=cfg.include_dashboard,
+                runtime_env=env,
+            )
+    ctx = DataContext.get_current()
+    ctx.target_max_block_size = cfg.data_block_size_kb * 1024
+    ctx.enable_progress_bars = False
+
+
+_WORKER_ENV = (
+    "DS_ACCELERATOR",
+    "TOKENIZERS_PARALLELISM",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "MINIWOB_CHROME_BINARY",
+    "MINIWOB_CHROMEDRIVER",
+    "CSD_CACHE",
+)
+
+
+def shutdown_ray() -> None:
+    """Shut down Serve (if running) and Ray; safe to call twice."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    try:
+        from ray import serve
+
+        serve.shutdown()
+    except Exception:  # noqa: BLE001 - Serve may never have started
+        pass
+    ray.shutdown()
+
+
+@contextmanager
+def ray_session(cfg: RayClusterConfig | None = None) -> Iterator[None]:
+    init_ray(cfg)
+    try:
+        yield
+    finally:
+        shutdown_ray()
