@@ -8,12 +8,16 @@ Errors name the file, the field's dotted path, the value given and what is allow
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 M = TypeVar("M", bound=BaseModel)
@@ -63,6 +67,37 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     return data
 
 
+def expand_env(data: Any) -> Any:
+    """Replace ``${VAR}`` in string values by the environment's value (production files read
+    model paths from HF_CKPT, ANALYZER_MODEL_PATH, GUI_ENV_SERVER_URL). Every unset variable
+    is named in one ConfigError."""
+    missing: list[str] = []
+
+    def walk(node: Any, where: str) -> Any:
+        if isinstance(node, dict):
+            return {k: walk(v, f"{where}.{k}" if where else str(k)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v, f"{where}[{i}]") for i, v in enumerate(node)]
+        if not isinstance(node, str):
+            return node
+
+        def sub(match: re.Match[str]) -> str:
+            value = os.environ.get(match.group(1))
+            if value is None:
+                missing.append(
+                    f"  {where} = {node!r}: environment variable {match.group(1)} is not set"
+                )
+                return match.group(0)
+            return value
+
+        return _ENV_REF.sub(sub, node)
+
+    out = walk(data, "")
+    if missing:
+        raise ConfigError("\n".join(missing))
+    return out
+
+
 def format_validation_error(exc: ValidationError, data: dict[str, Any], source: str) -> str:
     lines = [f"config error in {source}:"]
     for err in exc.errors():
@@ -75,9 +110,7 @@ def format_validation_error(exc: ValidationError, data: dict[str, Any], source: 
     return "\n".join(lines)
 
 
-def load_config(
-    model: type[M], path: str | Path | None = None, overrides: Sequence[str] = ()
-) -> M:
+def load_config(model: type[M], path: str | Path | None = None, overrides: Sequence[str] = ()) -> M:
     """Read ``path`` (YAML mapping; may be None for all defaults), apply overrides, validate."""
     data: dict[str, Any] = {}
     source = "defaults"
@@ -93,7 +126,7 @@ def load_config(
         data = loaded
     if overrides:
         source += " + overrides " + " ".join(overrides)
-    data = apply_overrides(data, overrides)
+    data = expand_env(apply_overrides(data, overrides))
     try:
         return model.model_validate(data)
     except ValidationError as exc:

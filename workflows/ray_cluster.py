@@ -20,7 +20,8 @@ class RayClusterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     address: str | None = Field(
-        None, description="Cluster to join ('auto', 'ray://…'); None: RAY_ADDRESS or a new local one."
+        None,
+        description="Cluster to join ('auto', 'ray://…'); None: RAY_ADDRESS or a new local one.",
     )
     num_cpus: float = Field(
         4, gt=0, description="Logical CPUs of a new local cluster (oversubscribed on 2 cores)."
@@ -89,7 +90,7 @@ def shutdown_ray() -> None:
         from ray import serve
 
         serve.shutdown()
-    except Exception:  # noqa: BLE001 - Serve may never have started
+    except Exception:
         pass
     ray.shutdown()
 

@@ -66,7 +66,9 @@ class TinyModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    seed: int = Field(0, description="Seed for the random weights (the tokenizer is seed-independent).")
+    seed: int = Field(
+        0, description="Seed for the random weights (the tokenizer is seed-independent)."
+    )
     vocab_size: int = Field(1024, ge=300, le=65536, description="BPE vocabulary incl. specials.")
     hidden_size: int = Field(128, ge=32, description="Text model width.")
     num_layers: int = Field(2, ge=1, description="Text decoder layers.")
@@ -94,29 +96,103 @@ def _tokenizer_corpus() -> list[str]:
     import random
 
     rng = random.Random(1234)
-    words = (
-        "click the button OK Cancel submit link tab checkbox select enter type text field "
-        "dialog close press key scroll left right up down double drag move wait done fail "
-        "success failure screen screenshot task instruction action history step previous "
-        "consistency effectiveness guide avoid element target focus input search menu item "
-        "yes no next back open save the a an on in to of and or with is was it this that"
-    ).split()
-    actions = ["left_click", "double_click", "right_click", "type", "key", "scroll",
-               "mouse_move", "left_click_drag", "triple_click", "wait", "terminate"]
+    words = [
+        "click",
+        "the",
+        "button",
+        "OK",
+        "Cancel",
+        "submit",
+        "link",
+        "tab",
+        "checkbox",
+        "select",
+        "enter",
+        "type",
+        "text",
+        "field",
+        "dialog",
+        "close",
+        "press",
+        "key",
+        "scroll",
+        "left",
+        "right",
+        "up",
+        "down",
+        "double",
+        "drag",
+        "move",
+        "wait",
+        "done",
+        "fail",
+        "success",
+        "failure",
+        "screen",
+        "screenshot",
+        "task",
+        "instruction",
+        "action",
+        "history",
+        "step",
+        "previous",
+        "consistency",
+        "effectiveness",
+        "guide",
+        "avoid",
+        "element",
+        "target",
+        "focus",
+        "input",
+        "search",
+        "menu",
+        "item",
+        "yes",
+        "no",
+        "next",
+        "back",
+        "open",
+        "save",
+        "the",
+        "a",
+        "an",
+        "on",
+        "in",
+        "to",
+        "of",
+        "and",
+        "or",
+        "with",
+        "is",
+        "was",
+        "it",
+        "this",
+        "that",
+    ]
+    actions = [
+        "left_click",
+        "double_click",
+        "right_click",
+        "type",
+        "key",
+        "scroll",
+        "mouse_move",
+        "left_click_drag",
+        "triple_click",
+        "wait",
+        "terminate",
+    ]
     corpus = []
     for _ in range(3000):
         phrase = " ".join(rng.choice(words) for _ in range(rng.randint(3, 12)))
         x, y = rng.randint(0, 999), rng.randint(0, 999)
         act = rng.choice(actions)
         corpus.append(f"Action: {phrase}.")
-        corpus.append(
-            '{"name": "computer_use", "arguments": {"action": "%s", "coordinate": [%d, %d]}}'
-            % (act, x, y)
-        )
-        corpus.append(
-            '{"consistency": %d, "effectiveness": %d, "guide": "%s", "avoid": "%s"}'
-            % (rng.randint(0, 1), rng.randint(0, 1), phrase, phrase[::-1])
-        )
+        call = {"name": "computer_use", "arguments": {"action": act, "coordinate": [x, y]}}
+        corpus.append(json.dumps(call))
+        judgment = {"consistency": rng.randint(0, 1), "effectiveness": rng.randint(0, 1),
+                    "guide": phrase, "avoid": phrase[::-1]}  # fmt: skip
+        corpus.append(json.dumps(judgment))
         corpus.append(f'Click on the "{rng.choice(words)}" {rng.choice(words)}. Type {phrase}!')
     return corpus
 

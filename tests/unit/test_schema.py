@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from train_loops.schema import STEP_SAMPLE_SCHEMA, SampleError, read_parquet, to_table, validate_sample, write_parquet
+from train_loops.schema import (
+    STEP_SAMPLE_SCHEMA,
+    SampleError,
+    read_parquet,
+    to_table,
+    validate_sample,
+    write_parquet,
+)
 
 
 def _png(color: tuple[int, int, int]) -> bytes:
@@ -61,7 +68,9 @@ def test_parquet_round_trip(tmp_path: Path) -> None:
     for a, b in zip(rows, back, strict=True):
         assert a.keys() == b.keys()
         for k in a:
-            if isinstance(a[k], float) or (isinstance(a[k], list) and a[k] and isinstance(a[k][0], float)):
+            if isinstance(a[k], float) or (
+                isinstance(a[k], list) and a[k] and isinstance(a[k][0], float)
+            ):
                 assert b[k] == pytest.approx(a[k]), k
             else:
                 assert a[k] == b[k], k

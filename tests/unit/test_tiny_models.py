@@ -6,13 +6,21 @@ from pathlib import Path
 
 import pytest
 
-from workflows.tiny_models import QWEN_ADDED_TOKENS, QWEN_SPECIAL_TOKENS, TinyModelSpec, build_tiny_checkpoint
+from workflows.tiny_models import (
+    QWEN_ADDED_TOKENS,
+    QWEN_SPECIAL_TOKENS,
+    TinyModelSpec,
+    build_tiny_checkpoint,
+)
 
 
 def _screens():
     from PIL import Image
 
-    return [Image.new("RGB", (160, 210), (250, 250, 250)), Image.new("RGB", (160, 210), (10, 90, 200))]
+    return [
+        Image.new("RGB", (160, 210), (250, 250, 250)),
+        Image.new("RGB", (160, 210), (10, 90, 200)),
+    ]
 
 
 def _generate(path: Path, max_new_tokens: int = 12) -> list[int]:
@@ -48,7 +56,9 @@ def test_build_save_reload_generates_identical_tokens(tmp_path: Path) -> None:
     assert len(first) > 0
     assert first == _generate(resaved)
     reloaded = AutoModelForImageTextToText.from_pretrained(resaved)
-    for (k, a), (_, b) in zip(model.state_dict().items(), reloaded.state_dict().items(), strict=True):
+    for (k, a), (_, b) in zip(
+        model.state_dict().items(), reloaded.state_dict().items(), strict=True
+    ):
         assert torch.equal(a, b), k
 
 

@@ -1,0 +1,129 @@
+"""TrajectoryBuffer semantics (plain asyncio; the same class runs as a Ray actor)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_schema import make_row
+from workflows.buffer import TrajectoryBuffer
+from workflows.config import BufferConfig
+
+
+def _group(gid: str, n: int, version: int = 0) -> list[dict]:
+    rows = []
+    for i in range(n):
+        r = make_row(i)
+        r.update(
+            sample_id=f"{gid}-{i}",
+            group_id=gid,
+            episode_id=f"{gid}-e{i % 2}",
+            behavior_version=version,
+        )
+        rows.append(r)
+    return rows
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_put_take_is_atomic_and_counts() -> None:
+    async def go():
+        buf = TrajectoryBuffer(
+            BufferConfig(capacity_samples=100, max_staleness=1), samples_per_step=4
+        )
+        assert await buf.acquire(0) is not None
+        assert await buf.put_group("g1", _group("g1", 5), successes=1)
+        first = await buf.take(3)
+        second = await buf.take(3)
+        empty = await buf.take(3, timeout_s=0.05)
+        return buf, first, second, empty
+
+    buf, first, second, empty = run(go())
+    assert [r["sample_id"] for r in first + second] == [f"g1-{i}" for i in range(5)]
+    assert empty == []
+    s = buf.stats()
+    assert (s["groups_completed"], s["samples_in"], s["samples_out"], s["episodes"]) == (1, 5, 5, 2)
+    assert s["success_rate"] == 0.5
+
+
+def test_staleness_gates_new_groups_and_drops_old_ones() -> None:
+    async def go():
+        buf = TrajectoryBuffer(
+            BufferConfig(capacity_samples=100, max_staleness=1), samples_per_step=4
+        )
+        await buf.set_version(3)
+        blocked = asyncio.create_task(buf.acquire(1))  # 3 - 1 > 1: must wait
+        await asyncio.sleep(0.05)
+        was_blocked = not blocked.done()
+        blocked.cancel()
+        ok = await buf.acquire(2) is not None
+        dropped = not await buf.put_group("old", _group("old", 2, version=0), successes=0)
+        return buf, was_blocked, ok, dropped
+
+    buf, was_blocked, ok, dropped = run(go())
+    assert was_blocked and ok and dropped
+    assert buf.stats()["groups_dropped_stale"] == 1
+
+
+def test_sync_mode_stops_after_a_steps_worth_until_next_version() -> None:
+    async def go():
+        buf = TrajectoryBuffer(BufferConfig(), samples_per_step=4, mode="sync")
+        assert await buf.acquire(0) is not None
+        await buf.put_group("a", _group("a", 4), successes=0)
+        waiting = asyncio.create_task(buf.acquire(0))
+        await asyncio.sleep(0.05)
+        blocked = not waiting.done()
+        await buf.set_version(1)
+        resumed = await asyncio.wait_for(waiting, 1.0) is not None
+        return blocked, resumed
+
+    blocked, resumed = run(go())
+    assert blocked and resumed
+
+
+def test_close_wakes_everyone() -> None:
+    async def go():
+        buf = TrajectoryBuffer(BufferConfig(capacity_samples=1), samples_per_step=4)
+        assert await buf.acquire(0) is not None
+        await buf.put_group("a", _group("a", 1), successes=0)
+        producer = asyncio.create_task(buf.acquire(0))  # full: waits
+        await asyncio.sleep(0.05)
+        await buf.close()
+        rows = await buf.take(5)
+        return await producer, rows, await buf.take(5)
+
+    started, rows, after = run(go())
+    assert started is None and len(rows) == 1 and after is None
+
+
+def test_completed_groups_survive_a_restart(tmp_path: Path) -> None:
+    async def first_life():
+        buf = TrajectoryBuffer(BufferConfig(), samples_per_step=4, shard_dir=str(tmp_path))
+        for gid in ("a", "b"):
+            await buf.acquire(0)
+            await buf.put_group(gid, _group(gid, 2), successes=0)
+        return await buf.take(2)  # group a fully handed out; b still pending
+
+    taken = run(first_life())
+    assert {r["group_id"] for r in taken} == {"a"}
+    buf = TrajectoryBuffer(BufferConfig(), samples_per_step=4, shard_dir=str(tmp_path))
+    rows = run(buf.take(10))
+    assert {r["sample_id"] for r in rows} == {"b-0", "b-1"}
+    assert buf.stats()["groups_restored"] == 1
+
+
+@pytest.mark.parametrize("reason", ["failed", "cancelled"])
+def test_dropped_groups_release_their_slot(reason: str) -> None:
+    async def go():
+        buf = TrajectoryBuffer(BufferConfig(), samples_per_step=1, mode="sync")
+        assert await buf.acquire(0) is not None
+        await buf.drop_group(reason)
+        return buf, await asyncio.wait_for(buf.acquire(0), 1.0) is not None
+
+    buf, ok = run(go())
+    assert ok
+    assert buf.stats()["groups_dropped_failed"] == (1 if reason == "failed" else 0)

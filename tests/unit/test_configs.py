@@ -1,0 +1,105 @@
+"""The bundled job configs validate; bad values fail naming the field; --help stays light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from workflows.config import OnlineRLConfig
+from workflows.config_io import CONFIG_DIR, ConfigError, load_config
+
+PROD_ENV = {
+    "HF_CKPT": "/ckpt/policy",
+    "ANALYZER_MODEL_PATH": "/ckpt/analyzer",
+    "GUI_ENV_SERVER_URL": "http://env:8000",
+}
+
+
+def test_embedded_default_is_cpu_sized() -> None:
+    cfg = load_config(OnlineRLConfig, "embedded")
+    assert (
+        cfg.trainer.use_gpu is False and cfg.trainer.zero_stage == 2 and cfg.trainer.dtype == "fp32"
+    )
+    assert cfg.policy.model_path.startswith("tiny:") and cfg.env.server_url is None
+    assert cfg.policy.backend.type == "transformers"
+
+
+@pytest.mark.parametrize("name", ["production_qwen3vl", "production_evocua"])
+def test_production_configs_carry_method_defaults(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for k, v in PROD_ENV.items():
+        monkeypatch.setenv(k, v)
+    cfg = load_config(OnlineRLConfig, name)
+    assert cfg.policy.model_path == "/ckpt/policy" and cfg.analyzer.model_path == "/ckpt/analyzer"
+    assert cfg.env.server_url == "http://env:8000"
+    assert (cfg.trainer.num_workers, cfg.trainer.zero_stage, cfg.trainer.dtype) == (8, 3, "bf16")
+    assert (
+        cfg.policy.num_replicas * cfg.policy.num_gpus
+        + cfg.analyzer.num_replicas * cfg.analyzer.num_gpus
+        == 8
+    )
+    assert (
+        cfg.optim.lr == 1e-6
+        and tuple(cfg.optim.betas) == (0.9, 0.95)
+        and cfg.optim.weight_decay == 0.1
+    )
+    assert (cfg.loss.kl_coef, cfg.loss.sd_coef, cfg.loss.gate_beta, cfg.loss.clip_eps) == (
+        0.01,
+        0.01,
+        5.0,
+        0.2,
+    )
+    assert (
+        cfg.rollout.group_size == 8
+        and cfg.rollout.history_screens == 3
+        and cfg.rollout.pause_s == 0.5
+    )
+    assert cfg.policy.sampling.max_new_tokens == 1024 and cfg.policy.sampling.temperature == 1.0
+
+
+def test_production_config_without_env_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HF_CKPT", raising=False)
+    with pytest.raises(ConfigError, match="HF_CKPT is not set"):
+        load_config(OnlineRLConfig, "production_qwen3vl")
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        (
+            "rollout.group_size=1",
+            r"rollout\.group_size = 1: Input should be greater than or equal to 2",
+        ),
+        ("mode=fast", r"mode = 'fast': Input should be 'async' or 'sync'"),
+        ("trainer.zero_stage=3", "zero_stage=3 needs GPUs"),
+        (
+            "buffer.capacity_samples=4",
+            "buffer.capacity_samples=4 is smaller than trainer.samples_per_step=8",
+        ),
+        ("policy.model_pth=x", r"policy\.model_pth: unknown field"),
+    ],
+)
+def test_bad_overrides_fail_clearly(override: str, expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        load_config(OnlineRLConfig, "embedded", [override])
+
+
+def test_every_bundled_file_has_a_header_comment() -> None:
+    for path in CONFIG_DIR.glob("*.yaml"):
+        assert path.read_text().startswith("#"), path
+
+
+def test_help_imports_no_heavy_modules() -> None:
+    code = (
+        "import sys, contextlib, io\n"
+        "from workflows import online_rl\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    online_rl.main(['--help'])\n"
+        "heavy = [m for m in ('torch', 'ray', 'transformers', 'deepspeed') if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"--help imported {out.stdout.strip()}"

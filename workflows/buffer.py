@@ -1,0 +1,198 @@
+"""The trajectory buffer: completed groups in, step samples out, with version-based admission.
+
+One asyncio Ray actor sits between the rollout workers and the trainer's Ray Data stream:
+
+- ``acquire`` is asked before a group starts. In ``async`` mode it admits a group while the
+  served policy is at most ``max_staleness`` versions behind the trainer and the buffer has
+  room; in ``sync`` mode it admits groups only until the current version's share of samples
+  is produced, then waits for the next published version (rollout → train → publish).
+- ``put_group`` stores a finished group atomically (all its samples or none) and writes it to a
+  Parquet shard under the run folder first, so a killed job loses no completed group.
+- ``take`` hands out up to ``n`` samples atomically (one method call; see RAY_NOTES.md trap 2).
+- Every count that could hide a loss (dropped, failed, stale groups) is a stat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Literal
+
+from train_loops.schema import read_parquet, write_parquet
+from workflows.config import BufferConfig
+
+
+class TrajectoryBuffer:
+    """Use as a Ray actor: ``ray.remote(TrajectoryBuffer).options(name=…).remote(…)``."""
+
+    def __init__(
+        self,
+        cfg: BufferConfig,
+        samples_per_step: int,
+        mode: Literal["async", "sync"] = "async",
+        shard_dir: str | None = None,
+        start_version: int = 0,
+        start_cursor: int = 0,
+    ) -> None:
+        self.cfg = cfg
+        self.samples_per_step = samples_per_step
+        self.mode = mode
+        self.version = start_version
+        self.shard_dir = Path(shard_dir) if shard_dir else None
+        self._rows: deque[dict[str, Any]] = deque()
+        self._group_left: dict[str, int] = {}  # group id → rows not yet taken
+        self._cond = asyncio.Condition()
+        self._closed = False
+        self._in_flight = 0
+        self._cursor = start_cursor  # sequence number of the next group (picks its task)
+        self._phase_version = start_version
+        self._phase_produced = 0
+        self._samples_per_group = 1.0
+        self.stats_: dict[str, float] = dict.fromkeys(
+            (
+                "groups_started",
+                "groups_completed",
+                "groups_dropped_failed",
+                "groups_dropped_stale",
+                "groups_restored",
+                "samples_in",
+                "samples_out",
+                "episodes",
+                "episodes_success",
+                "lag_sum",
+            ),
+            0.0,
+        )
+        self._started_at = time.time()
+        if self.shard_dir:
+            self._restore()
+
+    # ---- producer side -------------------------------------------------------------------
+    async def acquire(self, served_version: int) -> int | None:
+        """Wait until a new group may start; returns its sequence number (the task cursor),
+        or None once the buffer is closed."""
+        async with self._cond:
+            await self._cond.wait_for(lambda: self._closed or self._may_start(served_version))
+            if self._closed:
+                return None
+            self._in_flight += 1
+            self.stats_["groups_started"] += 1
+            self._cursor += 1
+            return self._cursor - 1
+
+    def _may_start(self, served_version: int) -> bool:
+        if self.version - served_version > self.cfg.max_staleness:
+            return False
+        if len(self._rows) >= self.cfg.capacity_samples:
+            return False
+        if self.mode == "async":
+            return True
+        self._maybe_new_phase()
+        expected = self._phase_produced + self._in_flight * self._samples_per_group
+        return expected < self.samples_per_step
+
+    def _maybe_new_phase(self) -> None:
+        if self.version != self._phase_version:
+            self._phase_version = self.version
+            self._phase_produced = 0
+
+    async def put_group(self, group_id: str, rows: list[dict[str, Any]], successes: int) -> bool:
+        """Store a finished group (all rows or none). Returns False if it was dropped as stale."""
+        async with self._cond:
+            self._in_flight = max(0, self._in_flight - 1)
+            oldest = min((r["behavior_version"] for r in rows), default=self.version)
+            if self.version - oldest > self.cfg.max_staleness + 1:
+                self.stats_["groups_dropped_stale"] += 1
+                self._cond.notify_all()
+                return False
+            if self.shard_dir:
+                write_parquet(rows, self.shard_dir / "pending" / f"{group_id}.parquet")
+            self._admit(group_id, rows)
+            self.stats_["groups_completed"] += 1
+            self.stats_["episodes"] += len({r["episode_id"] for r in rows})
+            self.stats_["episodes_success"] += successes
+            self.stats_["lag_sum"] += sum(self.version - r["behavior_version"] for r in rows)
+            self._maybe_new_phase()
+            self._phase_produced += len(rows)
+            self._samples_per_group = 0.8 * self._samples_per_group + 0.2 * len(rows)
+            self._cond.notify_all()
+            return True
+
+    def _admit(self, group_id: str, rows: list[dict[str, Any]]) -> None:
+        self._rows.extend(rows)
+        self._group_left[group_id] = len(rows)
+        self.stats_["samples_in"] += len(rows)
+
+    async def drop_group(self, reason: Literal["failed", "cancelled"]) -> None:
+        """A started group that will never complete (env budget exhausted, shutdown)."""
+        async with self._cond:
+            self._in_flight = max(0, self._in_flight - 1)
+            if reason == "failed":
+                self.stats_["groups_dropped_failed"] += 1
+            self._cond.notify_all()
+
+    # ---- consumer side -------------------------------------------------------------------
+    async def take(self, n: int, timeout_s: float = 1.0) -> list[dict[str, Any]] | None:
+        """Up to ``n`` samples (waits up to ``timeout_s`` for the first); None once closed and empty."""
+        async with self._cond:
+            try:
+                await asyncio.wait_for(
+                    self._cond.wait_for(lambda: self._closed or bool(self._rows)), timeout_s
+                )
+            except TimeoutError:
+                return []
+            if not self._rows and self._closed:
+                return None
+            out = [self._rows.popleft() for _ in range(min(n, len(self._rows)))]
+            for row in out:
+                self._mark_taken(row["group_id"])
+            self.stats_["samples_out"] += len(out)
+            self._cond.notify_all()
+            return out
+
+    def _mark_taken(self, group_id: str) -> None:
+        left = self._group_left.get(group_id, 0) - 1
+        if left > 0:
+            self._group_left[group_id] = left
+            return
+        self._group_left.pop(group_id, None)
+        if self.shard_dir:
+            src = self.shard_dir / "pending" / f"{group_id}.parquet"
+            if src.exists():
+                (self.shard_dir / "taken").mkdir(parents=True, exist_ok=True)
+                src.replace(self.shard_dir / "taken" / src.name)
+
+    # ---- control -------------------------------------------------------------------------
+    async def set_version(self, version: int) -> None:
+        async with self._cond:
+            self.version = max(self.version, version)
+            self._cond.notify_all()
+
+    async def close(self) -> None:
+        async with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def stats(self) -> dict[str, float]:
+        s = dict(self.stats_)
+        s.update(
+            version=self.version,
+            cursor=self._cursor,
+            buffered_samples=len(self._rows),
+            groups_in_flight=self._in_flight,
+            mean_lag=s["lag_sum"] / s["samples_in"] if s["samples_in"] else 0.0,
+            success_rate=s["episodes_success"] / s["episodes"] if s["episodes"] else 0.0,
+            uptime_s=time.time() - self._started_at,
+        )
+        return s
+
+    def _restore(self) -> None:
+        """Reload groups that completed but were never handed out before a restart."""
+        assert self.shard_dir is not None
+        for shard in sorted((self.shard_dir / "pending").glob("*.parquet")):
+            rows = read_parquet(shard)
+            if rows:
+                self._admit(shard.stem, rows)
+                self.stats_["groups_restored"] += 1

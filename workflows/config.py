@@ -1,0 +1,120 @@
+"""Configs of the jobs in ``workflows`` (pydantic; no torch/ray imports, so ``--help`` is fast).
+
+Each component owns its config model in its own package; the job config composes them. Files
+live in ``workflows/configs/`` and are loaded by :func:`workflows.config_io.load_config`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from env_client.config import EnvClientConfig
+from serve_apps.config import AnalyzerAppConfig, PolicyAppConfig
+from train_loops.config import LossConfig, OptimConfig, TrainerConfig
+from workflows.ray_cluster import RayClusterConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+TINY_PREFIX = "tiny:"
+
+
+def is_tiny(model_path: str) -> bool:
+    """``tiny:<seed>`` in a model_path asks the job to build (once, cached) a tiny Qwen3-VL."""
+    return model_path.startswith(TINY_PREFIX)
+
+
+class RolloutConfig(_Strict):
+    """How episodes are played (METHOD.md §1–§4)."""
+
+    group_size: int = Field(8, ge=2, description="Episodes per task (G); GRPO needs ≥ 2.")
+    num_workers: int = Field(2, ge=1, description="RolloutWorker actors.")
+    groups_in_flight_per_worker: int = Field(
+        2, ge=1, description="Groups each worker plays concurrently (episodes = groups × G)."
+    )
+    train_split: str = Field("train", description="Task split the rollouts draw from.")
+    max_steps: int = Field(30, ge=1, le=200, description="Step limit per training episode.")
+    history_screens: int = Field(3, ge=1, description="Screenshots kept in the context (H).")
+    pause_s: float = Field(0.5, ge=0, description="Pause after each action before observing.")
+    episode_retries: int = Field(
+        2, ge=0, description="Retries of an episode on a fresh session after an env failure."
+    )
+    use_analyzer: bool = Field(
+        True, description="Judge each transition; off → d=0 everywhere (plain GRPO)."
+    )
+    worker_num_cpus: float = Field(0.25, ge=0, description="Logical CPUs per RolloutWorker.")
+
+
+class BufferConfig(_Strict):
+    """The trajectory buffer between rollouts and the trainer."""
+
+    capacity_samples: int = Field(
+        512, ge=1, description="Samples held before producers wait (backpressure)."
+    )
+    max_staleness: int = Field(
+        1, ge=0, description="A group may start only if trainer version − its version ≤ this."
+    )
+
+
+class OnlineRLConfig(_Strict):
+    """The fully asynchronous online RL job (``python -m workflows.online_rl``)."""
+
+    run_name: str = Field("online-rl", description="Name of the run folder under runs_dir.")
+    runs_dir: str = Field("runs", description="Where run folders are written.")
+    seed: int = Field(0, description="Seed for task order and sampling.")
+    mode: Literal["async", "sync"] = Field(
+        "async", description="async: rollouts overlap training; sync: rollout → train → publish."
+    )
+    resume: bool = Field(True, description="Continue from the run folder's latest checkpoint.")
+    progress_every_s: float = Field(10.0, gt=0, description="Console progress line period.")
+    serve_http_port: int = Field(
+        8000, ge=1, le=65535, description="Ray Serve HTTP port (demo, OpenAI)."
+    )
+    ray: RayClusterConfig = Field(default_factory=RayClusterConfig)
+    env: EnvClientConfig = Field(
+        default_factory=EnvClientConfig,
+        description="Environment service; server_url None starts the embedded server (env.embedded).",
+    )
+    policy: PolicyAppConfig = Field(
+        description="Policy deployment; model_path 'tiny:<seed>' builds a tiny model offline."
+    )
+    analyzer: AnalyzerAppConfig = Field(
+        description="Analyzer deployment; model_path 'tiny:<seed>' builds a tiny model offline."
+    )
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    buffer: BufferConfig = Field(default_factory=BufferConfig)
+    trainer: TrainerConfig = Field(
+        default_factory=lambda: TrainerConfig(
+            num_workers=2,
+            use_gpu=False,
+            zero_stage=2,
+            dtype="fp32",
+            samples_per_step=8,
+            micro_batch_size=2,
+        )
+    )
+    loss: LossConfig = Field(default_factory=LossConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OnlineRLConfig:
+        if self.buffer.capacity_samples < self.trainer.samples_per_step:
+            raise ValueError(
+                f"buffer.capacity_samples={self.buffer.capacity_samples} is smaller than "
+                f"trainer.samples_per_step={self.trainer.samples_per_step}: the trainer would wait forever"
+            )
+        if self.rollout.history_screens > self.policy.max_images:
+            raise ValueError(
+                f"rollout.history_screens={self.rollout.history_screens} exceeds "
+                f"policy.max_images={self.policy.max_images}"
+            )
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.runs_dir).expanduser().resolve() / self.run_name

@@ -1,0 +1,103 @@
+"""Job metrics: one namespaced dict per report, to JSONL, the console, the Ray dashboard and a PNG.
+
+Keys are namespaced (``env/…``, ``rollout/…``, ``train/…``, ``loss/…``, ``serve/…``); every
+sink takes the same dict, so what the dashboard shows is what the JSONL holds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+class JsonlWriter:
+    """Append-only JSONL; each line is flushed so a killed run keeps what it measured."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(dict(record), default=float) + "\n")
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by a kill mid-write
+            continue
+    return out
+
+
+class DashboardMetrics:
+    """Gauges in the Ray dashboard (Prometheus names: ``computersd_<key with _>``)."""
+
+    def __init__(self, run_name: str) -> None:
+        self.run_name = run_name
+        self._gauges: dict[str, Any] = {}
+
+    def update(self, record: Mapping[str, Any]) -> None:
+        from ray.util.metrics import Gauge
+
+        for key, value in record.items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            gauge = self._gauges.get(key)
+            if gauge is None:
+                name = "computersd_" + key.replace("/", "_").replace(".", "_")
+                gauge = self._gauges[key] = Gauge(name, description=key, tag_keys=("run",))
+            gauge.set(float(value), tags={"run": self.run_name})
+
+
+def progress_line(rec: Mapping[str, Any]) -> str:
+    def g(key: str, fmt: str = "{:.3g}") -> str:
+        v = rec.get(key)
+        return "-" if v is None else fmt.format(v)
+
+    return (
+        f"[{g('time/elapsed_s', '{:.0f}')}s] step {g('train/step', '{:.0f}')} "
+        f"v{g('serve/policy_version', '{:.0f}')} | episodes {g('rollout/episodes', '{:.0f}')} "
+        f"success {g('rollout/success_rate', '{:.2f}')} | env {g('env/steps_per_s', '{:.2f}')} st/s "
+        f"| lag {g('rollout/mean_version_lag', '{:.2f}')} | loss pg {g('loss/pg')} "
+        f"sd {g('loss/sd')} | idle {g('train/idle_frac', '{:.2f}')}"
+    )
+
+
+def learning_curve_png(records: list[dict[str, Any]], out: str | Path, title: str) -> Path:
+    """Success rate, losses and version lag over wall-clock time, one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        ("rollout/success_rate", "success rate (cumulative)"),
+        ("rollout/window_success_rate", "success rate (recent groups)"),
+        ("loss/total", "train loss"),
+        ("rollout/mean_version_lag", "version lag of samples"),
+    ]
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5))
+    for ax, (key, label) in zip(axes.flat, panels, strict=True):
+        pts = [(r["time/elapsed_s"], r[key]) for r in records if key in r and "time/elapsed_s" in r]
+        if pts:
+            xs, ys = zip(*pts, strict=True)
+            ax.plot(xs, ys, marker=".", linewidth=1)
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("seconds")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out

@@ -1,0 +1,64 @@
+"""The main job: fully asynchronous online RL with value-gated self-distillation.
+
+Embedded default (local Ray cluster, MiniWoB++ in headless Chromium, tiny Qwen3-VL models)::
+
+    python -m workflows.online_rl                       # = --config embedded
+    python -m workflows.online_rl trainer.max_steps=4 mode=sync
+
+On a cluster::
+
+    ray job submit --working-dir . -- python -m workflows.online_rl --config production_qwen3vl
+
+Overrides are ``key.sub=value`` (values parsed as YAML). The resolved config, metrics JSONL,
+checkpoints and the learning curve are written under ``<runs_dir>/<run_name>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from workflows.config_io import ConfigError, load_config
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m workflows.online_rl",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        epilog="Example: python -m workflows.online_rl --config embedded trainer.max_steps=4",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--config",
+        default="embedded",
+        help="YAML file, or a bundled name in workflows/configs (default: embedded)",
+    )
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the resolved config and exit"
+    )
+    parser.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from workflows.config import OnlineRLConfig
+
+    try:
+        cfg = load_config(OnlineRLConfig, args.config, args.overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.print_config:
+        import yaml
+
+        print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        return 0
+    from workflows.rl_job import run  # heavy imports (ray, torch) only after parsing
+
+    run(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

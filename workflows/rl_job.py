@@ -1,0 +1,344 @@
+"""Wiring of the online RL job: environment, Serve apps, buffer, rollout workers, trainer.
+
+``run(cfg)`` starts (or connects to) each part, trains until ``trainer.max_steps``, then shuts
+everything down in reverse order — also on Ctrl-C / ``ray job stop`` — releasing every
+environment session. See ``workflows/online_rl.py`` for the command line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from workflows.config import OnlineRLConfig, is_tiny
+from workflows.config_io import dump_config
+from workflows.metrics import (
+    DashboardMetrics,
+    JsonlWriter,
+    learning_curve_png,
+    progress_line,
+    read_jsonl,
+)
+
+POLICY_APP = "policy"
+ANALYZER_APP = "analyzer"
+BUFFER_NAME = "computersd-buffer"
+
+
+@contextlib.contextmanager
+def environment_service(cfg: OnlineRLConfig) -> Iterator[str]:
+    """The configured env service URL, or an embedded server started for this job."""
+    if cfg.env.server_url:
+        yield cfg.env.server_url
+        return
+    from env_client.server import start_embedded_server
+
+    with start_embedded_server(cfg.env.embedded, log_path=cfg.run_dir / "env_server.log") as server:
+        print(f"[job] embedded environment server at {server.url}", flush=True)
+        yield server.url
+
+
+class JobState:
+    """Task cursor and counters per published version, so a resume restarts where it left."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.dir = run_dir / "job_state"
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def save(self, version: int, state: dict[str, Any]) -> None:
+        tmp = self.dir / f"v{version:06d}.json.tmp"
+        tmp.write_text(json.dumps(state))
+        tmp.replace(self.dir / f"v{version:06d}.json")
+
+    def load(self, version: int) -> dict[str, Any]:
+        path = self.dir / f"v{version:06d}.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+
+class Publisher:
+    """The trainer's ``publish_fn``: weights to every policy replica, then the new version to
+    the buffer (which gates staleness) and the job state beside it. Picklable."""
+
+    def __init__(self, run_dir: str, weights: Any) -> None:
+        self.run_dir = run_dir
+        self.weights = weights  # the policy's serve_apps WeightSyncConfig
+
+    def __call__(self, state_dict: dict[str, Any], version: int) -> None:
+        import ray
+
+        from serve_apps.weights.publisher import publish_weights
+
+        publish_weights(state_dict, version, self.weights.registry_name, self.weights.namespace)
+        buffer = ray.get_actor(BUFFER_NAME)
+        ray.get(buffer.set_version.remote(version))
+        stats = ray.get(buffer.stats.remote())
+        JobState(Path(self.run_dir)).save(version, {"cursor": stats["cursor"], "stats": stats})
+
+
+class Monitor(threading.Thread):
+    """Polls the buffer, rollout workers and trainer metrics; writes JSONL, dashboard gauges and
+    the console progress line."""
+
+    def __init__(self, cfg: OnlineRLConfig, buffer: Any, workers: list[Any]) -> None:
+        super().__init__(daemon=True)
+        self.cfg, self.buffer, self.workers = cfg, buffer, workers
+        self.jsonl = JsonlWriter(cfg.run_dir / "metrics.jsonl")
+        self.dashboard = DashboardMetrics(cfg.run_name)
+        self.t0 = time.time()
+        self.stop_event = threading.Event()
+        self._last: dict[str, float] = {}
+        self._success_window: list[tuple[float, float]] = []
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.cfg.progress_every_s):
+            self.report()
+
+    def report(self) -> dict[str, Any]:
+        import ray
+
+        rec = self.collect(
+            ray.get(self.buffer.stats.remote()), ray.get([w.stats.remote() for w in self.workers])
+        )
+        self.jsonl.write(rec)
+        self.dashboard.update(rec)
+        print(progress_line(rec), flush=True)
+        return rec
+
+    def collect(self, buf: dict[str, float], workers: list[dict[str, float]]) -> dict[str, Any]:
+        now = time.time()
+        total = {k: sum(w.get(k, 0.0) for w in workers) for k in workers[0]} if workers else {}
+        steps = total.get("env_steps", 0.0)
+        dt = now - self._last.get("t", self.t0)
+        rec: dict[str, Any] = {
+            "time/elapsed_s": now - self.t0,
+            "env/steps": steps,
+            "env/steps_per_s": (steps - self._last.get("steps", 0.0)) / max(dt, 1e-6),
+            "rollout/episodes": buf["episodes"],
+            "rollout/success_rate": buf["success_rate"],
+            "rollout/groups_completed": buf["groups_completed"],
+            "rollout/groups_dropped_failed": buf["groups_dropped_failed"],
+            "rollout/groups_dropped_stale": buf["groups_dropped_stale"],
+            "rollout/groups_in_flight": buf["groups_in_flight"],
+            "rollout/mean_version_lag": buf["mean_lag"],
+            "rollout/invalid_actions": total.get("invalid_actions", 0.0),
+            "rollout/episode_retries": total.get("episode_retries", 0.0),
+            "buffer/samples": buf["buffered_samples"],
+            "buffer/samples_out": buf["samples_out"],
+            "serve/policy_version": min((w["served_version"] for w in workers), default=0),
+            "train/version": buf["version"],
+        }
+        for key in ("generate", "env", "analyze", "score"):
+            rec[f"latency/{key}_s"] = total.get(f"t_{key}", 0.0) / max(steps, 1.0)
+        self._window(rec, buf)
+        rec.update(self._train_metrics())
+        self._last = {"t": now, "steps": steps}
+        return rec
+
+    def _window(self, rec: dict[str, Any], buf: dict[str, float]) -> None:
+        self._success_window.append((buf["episodes"], buf["episodes_success"]))
+        self._success_window = self._success_window[-6:]
+        (e0, s0), (e1, s1) = self._success_window[0], self._success_window[-1]
+        if e1 > e0:
+            rec["rollout/window_success_rate"] = (s1 - s0) / (e1 - e0)
+
+    def _train_metrics(self) -> dict[str, Any]:
+        rows = read_jsonl(self.cfg.run_dir / "train_metrics.jsonl")
+        if not rows:
+            return {}
+        last = rows[-1]
+        out = {k: v for k, v in last.items() if isinstance(v, (int, float))}
+        busy = sum(r.get("step_time", 0.0) for r in rows)
+        out["train/idle_frac"] = max(0.0, 1.0 - busy / max(time.time() - self.t0, 1e-6))
+        return out
+
+
+def run(cfg: OnlineRLConfig) -> dict[str, Any]:
+    """Run the job to completion; returns the last metrics record."""
+    import ray
+
+    from workflows.ray_cluster import init_ray, shutdown_ray
+
+    run_dir = cfg.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, run_dir / "config.yaml")
+    started_ray = not ray.is_initialized()
+    init_ray(cfg.ray)
+    print(f"[job] run folder: {run_dir}", flush=True)
+    try:
+        with _sigterm_as_interrupt(), environment_service(cfg) as env_url:
+            return _run_with_env(cfg, env_url)
+    finally:
+        if started_ray:
+            shutdown_ray()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """``ray job stop`` sends SIGTERM: unwind like Ctrl-C so sessions are released."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def latest_checkpoint(run_dir: Path, run_name: str = "rl") -> tuple[Path | None, int, int]:
+    """(folder, step, version) of the newest complete trainer checkpoint under the run."""
+    best: tuple[Path | None, int, int] = (None, 0, 0)
+    for state_file in (run_dir / run_name).glob("checkpoint_*/trainer_state.json"):
+        state = json.loads(state_file.read_text())
+        if state.get("step", 0) > best[1]:
+            best = (state_file.parent, int(state["step"]), int(state.get("version", 0)))
+    return best
+
+
+def _resolved_models(cfg: OnlineRLConfig, resume_dir: Path | None, version: int) -> OnlineRLConfig:
+    """model_path 'tiny:<seed>' → a built tiny checkpoint; on resume the policy serves the
+    checkpoint's weights at its version."""
+    policy_path = resume_dir or Path(_model_path(cfg.policy.model_path, "policy"))
+    weights = cfg.policy.weights.model_copy(update={"initial_version": version})
+    policy = cfg.policy.model_copy(update={"model_path": str(policy_path), "weights": weights})
+    analyzer = cfg.analyzer.model_copy(
+        update={"model_path": _model_path(cfg.analyzer.model_path, "analyzer")}
+    )
+    return cfg.model_copy(update={"policy": policy, "analyzer": analyzer})
+
+
+def _model_path(path: str, name: str) -> str:
+    if not is_tiny(path):
+        return str(Path(path).expanduser())
+    from workflows.tiny_models import TinyModelSpec, tiny_checkpoint
+
+    seed = int(path[len("tiny:") :] or 0)
+    return str(tiny_checkpoint(name, TinyModelSpec(seed=seed)))
+
+
+def _start_serving(cfg: OnlineRLConfig) -> None:
+    from ray import serve
+
+    from serve_apps.analyzer import build_analyzer_app
+    from serve_apps.policy import build_policy_app
+
+    t0 = time.time()
+    # Per-request access logs would drown the progress line; they stay in Ray's log files.
+    quiet = {"log_level": "WARNING", "enable_access_log": False}
+    serve.start(
+        http_options={"host": "127.0.0.1", "port": cfg.serve_http_port}, logging_config=quiet
+    )
+    serve.run(
+        build_policy_app(cfg.policy),
+        name=POLICY_APP,
+        route_prefix=cfg.policy.route_prefix,
+        logging_config=quiet,
+    )
+    if cfg.rollout.use_analyzer:
+        serve.run(
+            build_analyzer_app(cfg.analyzer),
+            name=ANALYZER_APP,
+            route_prefix=cfg.analyzer.route_prefix,
+            logging_config=quiet,
+        )
+    print(
+        f"[job] Serve apps up in {time.time() - t0:.0f}s "
+        f"(policy OpenAI endpoint: http://127.0.0.1:{cfg.serve_http_port}{cfg.policy.route_prefix}/v1)",
+        flush=True,
+    )
+
+
+def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
+    import ray
+
+    from env_client.tasks import load_tasks
+    from train_loops.config import RLTrainConfig
+    from train_loops.trainers import build_rl_trainer
+    from workflows.buffer import TrajectoryBuffer
+    from workflows.rollout import RolloutWorker
+    from workflows.stream import buffer_dataset
+
+    run_dir = cfg.run_dir
+    resume_dir, step, version = latest_checkpoint(run_dir) if cfg.resume else (None, 0, 0)
+    if resume_dir:
+        print(f"[job] resuming from {resume_dir} (step {step}, version {version})", flush=True)
+    if step >= cfg.trainer.max_steps:
+        print(f"[job] already at step {step} >= trainer.max_steps={cfg.trainer.max_steps}")
+    cfg = _resolved_models(cfg, resume_dir, version)
+    _start_serving(cfg)
+    buffer = (
+        ray.remote(TrajectoryBuffer)
+        .options(name=BUFFER_NAME, num_cpus=0, max_concurrency=1000)
+        .remote(
+            cfg.buffer,
+            cfg.trainer.samples_per_step,
+            cfg.mode,
+            str(run_dir / "trajectories"),
+            version,
+            JobState(run_dir).load(version).get("cursor", 0),
+        )
+    )
+    tasks = load_tasks(cfg.rollout.train_split)
+    worker_cls = ray.remote(RolloutWorker)
+    workers = [
+        worker_cls.options(num_cpus=cfg.rollout.worker_num_cpus, max_concurrency=64).remote(
+            cfg,
+            i,
+            tasks,
+            env_url,
+            buffer,
+            POLICY_APP,
+            ANALYZER_APP if cfg.rollout.use_analyzer else None,
+        )
+        for i in range(cfg.rollout.num_workers)
+    ]
+    rollout_refs = [w.run.remote() for w in workers]
+    monitor = Monitor(cfg, buffer, workers)
+    monitor.start()
+    trainer = build_rl_trainer(
+        RLTrainConfig(trainer=cfg.trainer, optim=cfg.optim, loss=cfg.loss),
+        cfg.policy.model_path,
+        {"train": buffer_dataset(buffer, num_readers=cfg.trainer.num_workers)},
+        Publisher(str(run_dir), cfg.policy.weights),
+        run_dir,
+        resume_from=str(resume_dir) if resume_dir else None,
+    )
+    try:
+        trainer.fit()
+    finally:
+        last = _stop(buffer, workers, rollout_refs, monitor)
+    png = learning_curve_png(
+        read_jsonl(run_dir / "metrics.jsonl"), run_dir / "learning_curve.png", cfg.run_name
+    )
+    print(
+        f"[job] done. outputs in {run_dir}: metrics.jsonl, train_metrics.jsonl, {png.name}, "
+        f"checkpoints under {run_dir / 'rl'}",
+        flush=True,
+    )
+    return last
+
+
+def _stop(buffer: Any, workers: list[Any], refs: list[Any], monitor: Monitor) -> dict[str, Any]:
+    """Close the buffer (rollouts stop starting groups), let in-flight episodes release their
+    sessions, then take the final metrics record."""
+    import ray
+
+    ray.get(buffer.close.remote())
+    for w in workers:
+        w.stop.remote()
+    _, pending = ray.wait(refs, num_returns=len(refs), timeout=120)
+    for ref in pending:  # stuck episodes: cancelling still runs their release (shielded)
+        ray.cancel(ref)
+    ray.wait(refs, num_returns=len(refs), timeout=30)
+    monitor.stop_event.set()
+    return monitor.report()

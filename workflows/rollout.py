@@ -1,0 +1,283 @@
+"""Rollout workers: async Ray actors that play groups of episodes and feed the buffer.
+
+Per step (METHOD.md §1–§3): policy ``generate`` → parse the action → env ``step`` → analyzer
+judgment of the transition → policy ``score`` of the sampled response under the ordinary and
+the privileged context → one step sample. Per finished group: ``evaluate`` scores, rewards
+r = ±1, group-relative advantages, all samples to the buffer at once. An environment failure
+retries the episode on a fresh session up to ``episode_retries``; a group that still cannot
+complete is dropped whole and counted, never silently skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from env_client.actions import parse_response
+from env_client.client import EnvClient, Session
+from env_client.errors import EnvError
+from serve_apps.prompting.messages import (
+    agent_messages,
+    guidance_text,
+    privileged_messages,
+    summarize_response,
+)
+from workflows.config import OnlineRLConfig
+
+NO_JUDGMENT = {
+    "consistency": None,
+    "effectiveness": None,
+    "guide": "",
+    "avoid": "",
+    "d": 0,
+    "v": 0.5,
+}
+
+
+def episode_advantages(scores: list[float]) -> tuple[list[float], list[float]]:
+    """Rewards r = ±1 from terminal scores and their group-relative advantages (METHOD.md §4)."""
+    import torch
+
+    from train_loops.losses import group_advantages, rewards_from_scores
+
+    rewards = rewards_from_scores(torch.tensor(scores, dtype=torch.float64))
+    adv = group_advantages(rewards, torch.zeros(len(scores), dtype=torch.long))
+    return rewards.tolist(), adv.tolist()
+
+
+@dataclass
+class EpisodeResult:
+    rows: list[dict[str, Any]]
+    score: float
+    env_steps: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class GroupFailed(RuntimeError):
+    """An episode of the group ran out of environment retries."""
+
+
+class RolloutWorker:
+    """Use as a Ray actor (``max_concurrency`` ≥ groups in flight); ``run()`` until ``stop()``."""
+
+    def __init__(
+        self,
+        cfg: OnlineRLConfig,
+        worker_index: int,
+        tasks: list[dict[str, Any]],
+        env_url: str,
+        buffer: Any,
+        policy_app: str,
+        analyzer_app: str | None,
+    ) -> None:
+        self.cfg = cfg
+        self.worker_index = worker_index
+        self.tasks = tasks
+        self.env_url = env_url
+        self.buffer = buffer
+        self.policy_app = policy_app
+        self.analyzer_app = analyzer_app
+        self.served_version = 0
+        self._stopping = False
+        self.counters: dict[str, float] = {
+            "env_steps": 0,
+            "episodes": 0,
+            "episode_retries": 0,
+            "invalid_actions": 0,
+            "t_generate": 0.0,
+            "t_env": 0.0,
+            "t_analyze": 0.0,
+            "t_score": 0.0,
+        }
+
+    async def run(self) -> dict[str, float]:
+        from ray import serve
+
+        self.policy = serve.get_app_handle(self.policy_app)
+        self.analyzer = serve.get_app_handle(self.analyzer_app) if self.analyzer_app else None
+        client_cfg = self.cfg.env.model_copy(update={"server_url": self.env_url})
+        async with EnvClient(client_cfg) as env:
+            self.env = env
+            slots = self.cfg.rollout.groups_in_flight_per_worker
+            await asyncio.gather(*(self._slot_loop() for _ in range(slots)))
+        return self.counters
+
+    async def stop(self) -> None:
+        self._stopping = True
+
+    def stats(self) -> dict[str, float]:
+        return dict(self.counters, served_version=self.served_version)
+
+    async def _slot_loop(self) -> None:
+        while not self._stopping:
+            seq = await self.buffer.acquire.remote(self.served_version)
+            if seq is None:
+                return
+            task = self._task_for(seq)
+            try:
+                rows, successes = await self.play_group(task, f"g{seq:06d}")
+            except (GroupFailed, asyncio.CancelledError) as exc:
+                reason = "failed" if isinstance(exc, GroupFailed) else "cancelled"
+                await self.buffer.drop_group.remote(reason)
+                if reason == "cancelled":
+                    raise
+                continue
+            await self.buffer.put_group.remote(rows[0]["group_id"], rows, successes)
+
+    def _task_for(self, seq: int) -> dict[str, Any]:
+        task = dict(self.tasks[seq % len(self.tasks)])
+        # One instance per group (same seed for all G episodes), a new one per visit.
+        task["seed"] = int(task.get("seed", 0)) * 100_003 + seq
+        return task
+
+    async def play_group(self, task: dict[str, Any], group_id: str) -> tuple[list[dict], int]:
+        g = self.cfg.rollout.group_size
+        results = await asyncio.gather(
+            *(self._episode_with_retries(task, group_id, i) for i in range(g))
+        )
+        rewards, advantages = episode_advantages([r.score for r in results])
+        rows: list[dict[str, Any]] = []
+        for res, reward, adv in zip(results, rewards, advantages, strict=True):
+            for row in res.rows:
+                row.update(reward=reward, advantage=adv, score=res.score, num_steps=len(res.rows))
+            rows.extend(res.rows)
+        return rows, sum(r > 0 for r in rewards)
+
+    async def _episode_with_retries(self, task: dict, group_id: str, idx: int) -> EpisodeResult:
+        for attempt in range(self.cfg.rollout.episode_retries + 1):
+            try:
+                return await self.play_episode(task, group_id, f"{group_id}-e{idx}")
+            except EnvError as exc:
+                self.counters["episode_retries"] += 1
+                last = exc
+                await asyncio.sleep(min(2.0**attempt, 10.0))
+        raise GroupFailed(f"{group_id}: episode {idx} failed {attempt + 1} times: {last}")
+
+    async def play_episode(
+        self, task: dict[str, Any], group_id: str, episode_id: str
+    ) -> EpisodeResult:
+        rows: list[dict[str, Any]] = []
+        async with self.env.session() as sess:
+            obs = await sess.reset(task)
+            instruction = task.get("instruction") or obs.instruction or ""
+            screens: list[bytes] = [obs.screenshot or b""]
+            history: list[str] = []
+            for step_index in range(self.cfg.rollout.max_steps):
+                row, done = await self._step(sess, instruction, screens, history)
+                row.update(
+                    task_id=str(task.get("task", task.get("id"))),
+                    group_id=group_id,
+                    episode_id=episode_id,
+                    step_index=step_index,
+                    sample_id=f"{episode_id}-s{step_index}",
+                )
+                rows.append(row)
+                if done:
+                    break
+            score = await sess.evaluate()
+        self.counters["episodes"] += 1
+        return EpisodeResult(rows=rows, score=score)
+
+    async def _step(
+        self, sess: Session, instruction: str, screens: list[bytes], history: list[str]
+    ) -> tuple[dict[str, Any], bool]:
+        messages, shown = agent_messages(
+            instruction, screens, history, num_screenshots=self.cfg.rollout.history_screens
+        )
+        t0 = time.perf_counter()
+        gen = await self.policy.generate.remote({"messages": messages, "images": shown})
+        t1 = time.perf_counter()
+        self.served_version = max(self.served_version, gen["weight_version"])
+        action = parse_response(gen["text"])
+        if action.name == "invalid":
+            self.counters["invalid_actions"] += 1
+        result = await sess.act(action, pause=self.cfg.rollout.pause_s)
+        t2 = time.perf_counter()
+        after = result.observation.screenshot or b""
+        executed = (
+            {"action": action.name, **result.info}
+            if not result.executed
+            else action.model_dump(exclude_none=True)
+        )
+        judgment = await self._judge(
+            instruction, history, screens[-1], after, gen["text"], executed
+        )
+        t3 = time.perf_counter()
+        guidance = guidance_text(judgment["guide"], judgment["avoid"])
+        ordinary, privileged = await asyncio.gather(
+            self._score(messages, shown, gen["response_ids"]),
+            self._score(privileged_messages(messages, guidance), shown, gen["response_ids"]),
+        )
+        t4 = time.perf_counter()
+        self._count(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+        screens.append(after)
+        history.append(summarize_response(gen["text"]))
+        row = {
+            "prompt_ids": gen["prompt_ids"],
+            "response_ids": gen["response_ids"],
+            "behavior_logprobs": gen["logprobs"],
+            "ordinary_logprobs": ordinary["logprobs"],
+            "privileged_logprobs": privileged["logprobs"],
+            "screenshots": list(shown),
+            "response_text": gen["text"],
+            "action": json.dumps(executed),
+            "consistency": judgment["consistency"],
+            "effectiveness": judgment["effectiveness"],
+            "guide": judgment["guide"],
+            "avoid": judgment["avoid"],
+            "d": int(judgment["d"]),
+            "v": float(judgment["v"]),
+            "behavior_version": gen["weight_version"],
+            "privileged_version": privileged["weight_version"],
+            "t_generate_s": t1 - t0,
+            "t_env_s": t2 - t1,
+            "t_analyze_s": t3 - t2,
+            "t_score_s": t4 - t3,
+            "created_at": time.time(),
+            # Filled in when the group completes:
+            "score": 0.0,
+            "reward": 0.0,
+            "advantage": 0.0,
+            "num_steps": 0,
+        }
+        done = result.done or action.name == "terminate"
+        return row, done
+
+    async def _score(self, messages: list, images: list[bytes], response_ids: list[int]) -> dict:
+        return await self.policy.score.remote(
+            {"messages": messages, "images": images, "response_ids": response_ids}
+        )
+
+    async def _judge(
+        self,
+        instruction: str,
+        history: list[str],
+        before: bytes,
+        after: bytes,
+        response: str,
+        action: dict[str, Any],
+    ) -> dict[str, Any]:
+        if self.analyzer is None or not self.cfg.rollout.use_analyzer:
+            return dict(NO_JUDGMENT)
+        out = await self.analyzer.analyze.remote(
+            {
+                "instruction": instruction,
+                "history": history,
+                "screenshot_before": before,
+                "screenshot_after": after,
+                "response": response,
+                "action": action,
+            }
+        )
+        return {k: out.get(k, NO_JUDGMENT[k]) for k in NO_JUDGMENT}
+
+    def _count(self, gen: float, env: float, ana: float, score: float) -> None:
+        c = self.counters
+        c["env_steps"] += 1
+        c["t_generate"] += gen
+        c["t_env"] += env
+        c["t_analyze"] += ana
+        c["t_score"] += score

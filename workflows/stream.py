@@ -1,0 +1,60 @@
+"""An unbounded Ray Data source over the trajectory buffer.
+
+Each read task loops on ``buffer.take`` and yields small Arrow blocks until the buffer closes,
+so ``get_dataset_shard("train")`` in every Train worker sees samples as soon as groups finish.
+Blocks must be small (``DataContext.target_max_block_size``, set by ``init_ray``) or Ray Data
+holds them back until 128 MiB accumulate and everything waits silently (RAY_NOTES.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from ray.data.block import BlockMetadata
+from ray.data.datasource import Datasource, ReadTask
+
+from train_loops.schema import STEP_SAMPLE_SCHEMA
+
+
+def _read_forever(buffer: Any, rows_per_block: int, poll_s: float) -> Iterator[pa.Table]:
+    import ray
+
+    while True:
+        rows = ray.get(buffer.take.remote(rows_per_block, poll_s))
+        if rows is None:  # closed and drained
+            return
+        if rows:
+            yield pa.Table.from_pylist(rows, schema=STEP_SAMPLE_SCHEMA)
+
+
+class BufferDatasource(Datasource):
+    """``ray.data.read_datasource(BufferDatasource(buffer), override_num_blocks=n)``."""
+
+    def __init__(self, buffer: Any, rows_per_block: int = 2, poll_s: float = 1.0) -> None:
+        self.buffer = buffer
+        self.rows_per_block = rows_per_block
+        self.poll_s = poll_s
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        return None
+
+    def get_read_tasks(self, parallelism: int, **_: Any) -> list[ReadTask]:
+        meta = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=None)
+        buffer, n, poll = self.buffer, self.rows_per_block, self.poll_s
+        return [
+            ReadTask(lambda: _read_forever(buffer, n, poll), meta, schema=STEP_SAMPLE_SCHEMA)
+            for _ in range(max(1, parallelism))
+        ]
+
+
+def buffer_dataset(buffer: Any, num_readers: int = 1, rows_per_block: int = 2):  # -> Dataset
+    """A streaming dataset of step samples; never ends until the buffer is closed."""
+    import ray
+
+    return ray.data.read_datasource(
+        BufferDatasource(buffer, rows_per_block),
+        override_num_blocks=num_readers,
+        num_cpus=0,
+    )
