@@ -56,6 +56,7 @@ class TrajectoryBuffer:
                 "groups_completed",
                 "groups_dropped_failed",
                 "groups_dropped_stale",
+                "groups_cancelled",
                 "groups_restored",
                 "samples_in",
                 "samples_out",
@@ -129,8 +130,8 @@ class TrajectoryBuffer:
         """A started group that will never complete (env budget exhausted, shutdown)."""
         async with self._cond:
             self._in_flight = max(0, self._in_flight - 1)
-            if reason == "failed":
-                self.stats_["groups_dropped_failed"] += 1
+            key = "groups_dropped_failed" if reason == "failed" else "groups_cancelled"
+            self.stats_[key] += 1
             self._cond.notify_all()
 
     # ---- consumer side -------------------------------------------------------------------

@@ -79,17 +79,26 @@ def learning_curve_png(records: list[dict[str, Any]], out: str | Path, title: st
     import matplotlib.pyplot as plt
 
     panels = [
-        ("rollout/success_rate", "success rate (cumulative)"),
-        ("rollout/window_success_rate", "success rate (recent groups)"),
-        ("loss/total", "train loss"),
-        ("rollout/mean_version_lag", "version lag of samples"),
+        ("success rate", ["rollout/success_rate", "rollout/window_success_rate"]),
+        ("weights version", ["train/version", "serve/policy_version"]),
+        ("losses", ["loss/pg", "loss/sd", "loss/kl"]),
+        ("env steps/s", ["env/steps_per_s"]),
+        ("self-distillation", ["sd/gate_mean", "sd/frac_masked"]),
+        ("policy entropy", ["policy/entropy"]),
     ]
-    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5))
-    for ax, (key, label) in zip(axes.flat, panels, strict=True):
-        pts = [(r["time/elapsed_s"], r[key]) for r in records if key in r and "time/elapsed_s" in r]
-        if pts:
-            xs, ys = zip(*pts, strict=True)
-            ax.plot(xs, ys, marker=".", linewidth=1)
+    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5))
+    for ax, (label, keys) in zip(axes.flat, panels, strict=True):
+        drawn = False
+        for key in keys:
+            pts = [
+                (r["time/elapsed_s"], r[key]) for r in records if key in r and "time/elapsed_s" in r
+            ]
+            if pts:
+                xs, ys = zip(*pts, strict=True)
+                ax.plot(xs, ys, marker=".", linewidth=1, label=key)
+                drawn = True
+        if drawn:
+            ax.legend(fontsize=7)
         else:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(label, fontsize=10)

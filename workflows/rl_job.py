@@ -26,10 +26,6 @@ from workflows.metrics import (
     read_jsonl,
 )
 
-POLICY_APP = "policy"
-ANALYZER_APP = "analyzer"
-BUFFER_NAME = "computersd-buffer"
-
 
 @contextlib.contextmanager
 def environment_service(cfg: OnlineRLConfig) -> Iterator[str]:
@@ -65,9 +61,10 @@ class Publisher:
     """The trainer's ``publish_fn``: weights to every policy replica, then the new version to
     the buffer (which gates staleness) and the job state beside it. Picklable."""
 
-    def __init__(self, run_dir: str, weights: Any) -> None:
+    def __init__(self, run_dir: str, weights: Any, buffer_name: str) -> None:
         self.run_dir = run_dir
         self.weights = weights  # the policy's serve_apps WeightSyncConfig
+        self.buffer_name = buffer_name
 
     def __call__(self, state_dict: dict[str, Any], version: int) -> None:
         import ray
@@ -75,7 +72,7 @@ class Publisher:
         from serve_apps.weights.publisher import publish_weights
 
         publish_weights(state_dict, version, self.weights.registry_name, self.weights.namespace)
-        buffer = ray.get_actor(BUFFER_NAME)
+        buffer = ray.get_actor(self.buffer_name)
         ray.get(buffer.set_version.remote(version))
         stats = ray.get(buffer.stats.remote())
         JobState(Path(self.run_dir)).save(version, {"cursor": stats["cursor"], "stats": stats})
@@ -121,7 +118,10 @@ class Monitor(threading.Thread):
             "env/steps_per_s": (steps - self._last.get("steps", 0.0)) / max(dt, 1e-6),
             "rollout/episodes": buf["episodes"],
             "rollout/success_rate": buf["success_rate"],
+            "rollout/groups_started": buf["groups_started"],
             "rollout/groups_completed": buf["groups_completed"],
+            "rollout/groups_cancelled": buf["groups_cancelled"],
+            "rollout/groups_restored": buf["groups_restored"],
             "rollout/groups_dropped_failed": buf["groups_dropped_failed"],
             "rollout/groups_dropped_stale": buf["groups_dropped_stale"],
             "rollout/groups_in_flight": buf["groups_in_flight"],
@@ -209,7 +209,10 @@ def _resolved_models(cfg: OnlineRLConfig, resume_dir: Path | None, version: int)
     """model_path 'tiny:<seed>' → a built tiny checkpoint; on resume the policy serves the
     checkpoint's weights at its version."""
     policy_path = resume_dir or Path(_model_path(cfg.policy.model_path, "policy"))
-    weights = cfg.policy.weights.model_copy(update={"initial_version": version})
+    # A registry per run: two jobs (or a job and a test) on one cluster never cross weights.
+    weights = cfg.policy.weights.model_copy(
+        update={"initial_version": version, "registry_name": f"{cfg.run_name}-policy"}
+    )
     policy = cfg.policy.model_copy(update={"model_path": str(policy_path), "weights": weights})
     analyzer = cfg.analyzer.model_copy(
         update={"model_path": _model_path(cfg.analyzer.model_path, "analyzer")}
@@ -240,14 +243,14 @@ def _start_serving(cfg: OnlineRLConfig) -> None:
     )
     serve.run(
         build_policy_app(cfg.policy),
-        name=POLICY_APP,
+        name=cfg.policy.name,
         route_prefix=cfg.policy.route_prefix,
         logging_config=quiet,
     )
     if cfg.rollout.use_analyzer:
         serve.run(
             build_analyzer_app(cfg.analyzer),
-            name=ANALYZER_APP,
+            name=cfg.analyzer.name,
             route_prefix=cfg.analyzer.route_prefix,
             logging_config=quiet,
         )
@@ -278,7 +281,7 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
     _start_serving(cfg)
     buffer = (
         ray.remote(TrajectoryBuffer)
-        .options(name=BUFFER_NAME, num_cpus=0, max_concurrency=1000)
+        .options(name=f"{cfg.run_name}-buffer", num_cpus=0, max_concurrency=1000)
         .remote(
             cfg.buffer,
             cfg.trainer.samples_per_step,
@@ -297,8 +300,8 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
             tasks,
             env_url,
             buffer,
-            POLICY_APP,
-            ANALYZER_APP if cfg.rollout.use_analyzer else None,
+            cfg.policy.name,
+            cfg.analyzer.name if cfg.rollout.use_analyzer else None,
         )
         for i in range(cfg.rollout.num_workers)
     ]
@@ -309,7 +312,7 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
         RLTrainConfig(trainer=cfg.trainer, optim=cfg.optim, loss=cfg.loss),
         cfg.policy.model_path,
         {"train": buffer_dataset(buffer, num_readers=cfg.trainer.num_workers)},
-        Publisher(str(run_dir), cfg.policy.weights),
+        Publisher(str(run_dir), cfg.policy.weights, f"{cfg.run_name}-buffer"),
         run_dir,
         resume_from=str(resume_dir) if resume_dir else None,
     )

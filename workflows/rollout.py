@@ -113,6 +113,10 @@ class RolloutWorker:
 
     async def _slot_loop(self) -> None:
         while not self._stopping:
+            # The served version moves without us (hot-swap, resume): ask before the
+            # staleness check, or a worker that knows an old version would wait forever.
+            status = await self.policy.weight_status.remote()
+            self.served_version = max(self.served_version, int(status["version"]))
             seq = await self.buffer.acquire.remote(self.served_version)
             if seq is None:
                 return
