@@ -72,6 +72,9 @@ class OnlineRLConfig(_Strict):
     )
     resume: bool = Field(True, description="Continue from the run folder's latest checkpoint.")
     progress_every_s: float = Field(10.0, gt=0, description="Console progress line period.")
+    keep_serving: bool = Field(
+        False, description="Leave the policy/analyzer Serve apps up after the job (demos)."
+    )
     serve_http_port: int = Field(
         8000, ge=1, le=65535, description="Ray Serve HTTP port (demo, OpenAI)."
     )

@@ -320,6 +320,8 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
         trainer.fit()
     finally:
         last = _stop(buffer, workers, rollout_refs, monitor)
+        if not cfg.keep_serving:
+            _delete_apps(cfg)
     png = learning_curve_png(
         read_jsonl(run_dir / "metrics.jsonl"), run_dir / "learning_curve.png", cfg.run_name
     )
@@ -329,6 +331,15 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
         flush=True,
     )
     return last
+
+
+def _delete_apps(cfg: OnlineRLConfig) -> None:
+    """On a shared cluster the job's replicas must not outlive it (their CPUs/GPUs stay taken)."""
+    from ray import serve
+
+    for name in (cfg.policy.name, cfg.analyzer.name):
+        with contextlib.suppress(Exception):
+            serve.delete(name)
 
 
 def _stop(buffer: Any, workers: list[Any], refs: list[Any], monitor: Monitor) -> dict[str, Any]:
