@@ -57,6 +57,22 @@ class DashboardMetrics:
             gauge.set(float(value), tags={"run": self.run_name})
 
 
+def tree_memory_gb() -> float:
+    """Proportional set size (shared pages split between sharers) of this process and all its
+    descendants, in GiB: on a local cluster that is Ray, Serve replicas, trainer workers, the
+    env server and its browsers, each counted once."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            total += proc.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
+            continue
+    return total / 2**30
+
+
 def progress_line(rec: Mapping[str, Any]) -> str:
     def g(key: str, fmt: str = "{:.3g}") -> str:
         v = rec.get(key)
@@ -67,7 +83,8 @@ def progress_line(rec: Mapping[str, Any]) -> str:
         f"v{g('serve/policy_version', '{:.0f}')} | episodes {g('rollout/episodes', '{:.0f}')} "
         f"success {g('rollout/success_rate', '{:.2f}')} | env {g('env/steps_per_s', '{:.2f}')} st/s "
         f"| lag {g('rollout/mean_version_lag', '{:.2f}')} | loss pg {g('loss/pg')} "
-        f"sd {g('loss/sd')} | idle {g('train/idle_frac', '{:.2f}')}"
+        f"sd {g('loss/sd')} | idle {g('train/idle_frac', '{:.2f}')} "
+        f"| mem {g('mem/job_pss_gb', '{:.1f}')} GiB"
     )
 
 

@@ -23,7 +23,7 @@ class RayClusterConfig(BaseModel):
         None,
         description="Cluster to join ('auto', 'ray://…'); None: RAY_ADDRESS or a new local one.",
     )
-    num_cpus: float = Field(
+    num_cpus: int = Field(
         4, gt=0, description="Logical CPUs of a new local cluster (oversubscribed on 2 cores)."
     )
     object_store_memory_mb: int = Field(

@@ -24,6 +24,7 @@ from workflows.metrics import (
     learning_curve_png,
     progress_line,
     read_jsonl,
+    tree_memory_gb,
 )
 
 
@@ -91,6 +92,7 @@ class Monitor(threading.Thread):
         self.stop_event = threading.Event()
         self._last: dict[str, float] = {}
         self._success_window: list[tuple[float, float]] = []
+        self.peak_mem_gb = 0.0
 
     def run(self) -> None:
         while not self.stop_event.wait(self.cfg.progress_every_s):
@@ -135,6 +137,9 @@ class Monitor(threading.Thread):
         }
         for key in ("generate", "env", "analyze", "score"):
             rec[f"latency/{key}_s"] = total.get(f"t_{key}", 0.0) / max(steps, 1.0)
+        rec["mem/job_pss_gb"] = tree_memory_gb()
+        self.peak_mem_gb = max(self.peak_mem_gb, rec["mem/job_pss_gb"])
+        rec["mem/peak_job_pss_gb"] = self.peak_mem_gb
         self._window(rec, buf)
         rec.update(self._train_metrics())
         self._last = {"t": now, "steps": steps}
@@ -271,6 +276,7 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
     from workflows.rollout import RolloutWorker
     from workflows.stream import buffer_dataset
 
+    t_start = time.time()
     run_dir = cfg.run_dir
     resume_dir, step, version = latest_checkpoint(run_dir) if cfg.resume else (None, 0, 0)
     if resume_dir:
@@ -293,7 +299,7 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
     )
     tasks = load_tasks(cfg.rollout.train_split)
     worker_cls = ray.remote(RolloutWorker)
-    workers = [
+    workers: list[Any] = [
         worker_cls.options(num_cpus=cfg.rollout.worker_num_cpus, max_concurrency=64).remote(
             cfg,
             i,
@@ -324,6 +330,13 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
             _delete_apps(cfg)
     png = learning_curve_png(
         read_jsonl(run_dir / "metrics.jsonl"), run_dir / "learning_curve.png", cfg.run_name
+    )
+    print(
+        f"[job] {last.get('train/step', 0):.0f} optimizer steps, served version "
+        f"{last['serve/policy_version']:.0f}, {last['rollout/episodes']:.0f} episodes, peak memory "
+        f"{last['mem/peak_job_pss_gb']:.1f} GiB (PSS of the job's process tree), "
+        f"{time.time() - t_start:.0f}s",
+        flush=True,
     )
     print(
         f"[job] done. outputs in {run_dir}: metrics.jsonl, train_metrics.jsonl, {png.name}, "

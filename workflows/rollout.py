@@ -38,14 +38,20 @@ NO_JUDGMENT = {
 
 
 def episode_advantages(scores: list[float]) -> tuple[list[float], list[float]]:
-    """Rewards r = ±1 from terminal scores and their group-relative advantages (METHOD.md §4)."""
-    import torch
+    """Rewards r = ±1 from terminal scores and group-relative advantages (METHOD.md §4):
+    ``A_i = (r_i − mean r) / (std r + 1e-6)``, unbiased std, all-equal groups give 0.
 
-    from train_loops.losses import group_advantages, rewards_from_scores
-
-    rewards = rewards_from_scores(torch.tensor(scores, dtype=torch.float64))
-    adv = group_advantages(rewards, torch.zeros(len(scores), dtype=torch.long))
-    return rewards.tolist(), adv.tolist()
+    Plain Python on purpose: rollout actors then never import torch (~0.5 GiB each); a test
+    checks it against ``train_loops.losses.group_advantages``."""
+    rewards = [1.0 if s >= 1.0 else -1.0 for s in scores]
+    n = len(rewards)
+    mean = sum(rewards) / n
+    if n < 2:
+        return rewards, [0.0] * n
+    std = (sum((r - mean) ** 2 for r in rewards) / (n - 1)) ** 0.5
+    if std == 0.0:
+        return rewards, [0.0] * n
+    return rewards, [(r - mean) / (std + 1e-6) for r in rewards]
 
 
 @dataclass
@@ -95,6 +101,18 @@ class RolloutWorker:
 
     async def run(self) -> dict[str, float]:
         from ray import serve
+        from ray.util.metrics import Counter, Histogram
+
+        # Dashboard: per-stage latency distribution and a step counter (rate = env steps/s).
+        self._latency = Histogram(
+            "computersd_step_latency_s",
+            description="Seconds per rollout step stage (generate, env, analyze, score)",
+            boundaries=[0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30],
+            tag_keys=("stage",),
+        )
+        self._steps_counter = Counter(
+            "computersd_env_steps", description="Environment steps executed by rollout workers"
+        )
 
         self.policy = serve.get_app_handle(self.policy_app)
         self.analyzer = serve.get_app_handle(self.analyzer_app) if self.analyzer_app else None
@@ -281,6 +299,9 @@ class RolloutWorker:
     def _count(self, gen: float, env: float, ana: float, score: float) -> None:
         c = self.counters
         c["env_steps"] += 1
+        for stage, seconds in (("generate", gen), ("env", env), ("analyze", ana), ("score", score)):
+            self._latency.observe(seconds, tags={"stage": stage})
+        self._steps_counter.inc(1.0)
         c["t_generate"] += gen
         c["t_env"] += env
         c["t_analyze"] += ana

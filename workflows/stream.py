@@ -40,7 +40,12 @@ class BufferDatasource(Datasource):
     def estimate_inmemory_data_size(self) -> int | None:
         return None
 
-    def get_read_tasks(self, parallelism: int, **_: Any) -> list[ReadTask]:
+    def get_read_tasks(
+        self,
+        parallelism: int,
+        per_task_row_limit: int | None = None,
+        data_context: Any | None = None,
+    ) -> list[ReadTask]:
         meta = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=None)
         buffer, n, poll = self.buffer, self.rows_per_block, self.poll_s
         return [
