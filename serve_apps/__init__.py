@@ -1,1 +1,5 @@
-"""Ray Serve applications: policy and analyzer deployments, inference backends, weight hot-swap."""
+"""Ray Serve: policy and analyzer deployments, inference backends, weight hot-swap.
+
+See serve_apps/README.md. Light modules (no torch/ray at import): ``config``, ``api``,
+``judgment``, ``prompting``, ``weights.manifest``.
+"""

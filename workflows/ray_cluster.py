@@ -58,7 +58,9 @@ def init_ray(cfg: RayClusterConfig | None = None, runtime_env: dict | None = Non
         if address:
             ray.init(address=address, runtime_env=env, log_to_driver=True)
         else:
+            # address="local": always a new cluster, never one someone `ray start`ed here.
             ray.init(
+                address="local",
                 num_cpus=cfg.num_cpus,
                 object_store_memory=cfg.object_store_memory_mb * 1024 * 1024,
                 include_dashboard=cfg.include_dashboard,

@@ -350,9 +350,13 @@ def _delete_apps(cfg: OnlineRLConfig) -> None:
     """On a shared cluster the job's replicas must not outlive it (their CPUs/GPUs stay taken)."""
     from ray import serve
 
+    from serve_apps.weights.registry import kill_registry
+
     for name in (cfg.policy.name, cfg.analyzer.name):
         with contextlib.suppress(Exception):
             serve.delete(name)
+    with contextlib.suppress(Exception):  # detached: it would outlive the job
+        kill_registry(cfg.policy.weights.registry_name, cfg.policy.weights.namespace)
 
 
 def _stop(buffer: Any, workers: list[Any], refs: list[Any], monitor: Monitor) -> dict[str, Any]:
