@@ -113,3 +113,57 @@ def read_parquet(paths: str | Path | Iterable[str | Path]) -> list[dict[str, Any
         table = pq.read_table(p, schema=STEP_SAMPLE_SCHEMA)
         rows.extend(table.to_pylist())
     return rows
+
+
+# --------------------------------------------------------------------------- SFT samples
+
+# One supervised example: the loss is on ``target_ids`` only.
+#
+# ``prompt_ids`` is the context exactly as the model will see it (chat template applied, image
+# pads expanded by the processor), ``target_ids`` the answer tokens that follow it (including
+# the end-of-turn token if the model should learn to stop), ``screenshots`` the context's PNG
+# images in prompt order. ``source`` says where the example came from (``"analyzer"``,
+# ``"entropulse"``, ...), for bookkeeping only.
+SFT_SAMPLE_SCHEMA = pa.schema(
+    [
+        pa.field("sample_id", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("prompt_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("target_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("screenshots", pa.list_(pa.binary()), nullable=False),
+    ],
+    metadata={"computersd.schema": "sft_sample/1"},
+)
+
+SFT_SAMPLE_FIELDS: tuple[str, ...] = tuple(SFT_SAMPLE_SCHEMA.names)
+
+
+def validate_sft_sample(row: Mapping[str, Any]) -> None:
+    """Check an SFT row: exact field set, a non-empty prompt and a non-empty target."""
+    missing = [f for f in SFT_SAMPLE_FIELDS if f not in row]
+    if missing:
+        raise SampleError(f"SFT sample {row.get('sample_id')!r} lacks fields {missing}")
+    extra = sorted(set(row) - set(SFT_SAMPLE_FIELDS))
+    if extra:
+        raise SampleError(f"SFT sample {row['sample_id']!r} has unknown fields {extra}")
+    for name in ("prompt_ids", "target_ids"):
+        if len(row[name]) == 0:
+            raise SampleError(f"SFT sample {row['sample_id']!r}: {name} is empty")
+
+
+def to_sft_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
+    """SFT rows (dicts) → an Arrow table with the SFT schema, validated."""
+    for row in rows:
+        validate_sft_sample(row)
+    return pa.Table.from_pylist([dict(r) for r in rows], schema=SFT_SAMPLE_SCHEMA)
+
+
+def sft_sample_from_step(row: Mapping[str, Any], source: str = "entropulse") -> dict[str, Any]:
+    """A step sample as an SFT example (Entropulse: imitate what the policy did on successes)."""
+    return {
+        "sample_id": row["sample_id"],
+        "source": source,
+        "prompt_ids": list(row["prompt_ids"]),
+        "target_ids": list(row["response_ids"]),
+        "screenshots": list(row["screenshots"]),
+    }

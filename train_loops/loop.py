@@ -1,0 +1,272 @@
+"""The Ray Train worker function shared by the RL and SFT trainers.
+
+Per optimizer step every worker takes ``samples_per_step / num_workers`` rows from its shard of
+the ``"train"`` dataset (bounded or unbounded, see ``train_loops.stream``), runs them as
+micro-batches through its DeepSpeed engine (gradient accumulation; DeepSpeed averages over
+micro-batches and ranks, so with equal micro-batches the loss is the exact mean over the
+step's samples), and steps. Then, in this order:
+
+1. every ``publish_every`` steps: the full weights (gathered under ZeRO-3) go to
+   ``publish_fn(state_dict, version)`` on rank 0, version = previous + 1;
+2. metrics are combined over ranks and appended to ``<run_dir>/train_metrics.jsonl`` by rank 0
+   (lifecycle events to ``train_events.jsonl``, see ``train_loops.metrics``);
+3. every ``checkpoint_every`` steps and at the end: a checkpoint (``train_loops.checkpoint``)
+   is reported with the metrics through ``ray.train.report``; otherwise the metrics alone,
+   at most every ``report_every`` steps and ``report_interval_s`` seconds (a barrier that Ray
+   Train V2 drains once per controller poll, so it must not run on every fast step).
+
+The run stops when the step counter reaches ``max_steps`` or a bounded dataset ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from train_loops.checkpoint import (
+    Start,
+    TrainerState,
+    resolve_start,
+    restore_optimizer,
+    write_checkpoint,
+)
+from train_loops.config import RLTrainConfig, SFTTrainConfig, TrainerConfig
+from train_loops.engine import (
+    TORCH_DTYPES,
+    full_state_dict,
+    init_engine,
+    init_reference,
+    load_model,
+)
+from train_loops.metrics import (
+    EVENTS_FILE,
+    METRICS_FILE,
+    JsonlLog,
+    mean_of,
+    reduce_across_ranks,
+    staleness,
+)
+from train_loops.objectives import MicroStep, Objective, RLObjective, SFTObjective
+from train_loops.stream import Row, RowStream, agree
+
+log = logging.getLogger(__name__)
+
+PublishFn = Callable[[dict[str, torch.Tensor], int], None]
+"""``publish_fn(state_dict, version)``: full CPU weights after an update, on rank 0 only."""
+
+
+@dataclass
+class WorkerArgs:
+    """Everything a worker needs; pickled into ``train_loop_config["args"]``."""
+
+    kind: Literal["rl", "sft"]
+    config: RLTrainConfig | SFTTrainConfig
+    model_path: str
+    run_dir: str
+    run_name: str
+    publish_fn: PublishFn | None = None
+    resume_from: Any = None  # ray.train.Checkpoint | None
+
+
+def train_worker(loop_config: dict[str, Any]) -> None:
+    """Ray Train ``train_loop_per_worker``: ``loop_config = {"args": WorkerArgs}``."""
+    args: WorkerArgs = loop_config["args"]
+    trainer = args.config.trainer
+    _prepare_process(trainer)
+    import ray.train
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    with ExitStack() as stack:  # keeps a downloaded checkpoint alive while it is loaded
+        start = _start(args, rank, world, stack)
+        engine = init_engine(load_model(start.weights, trainer), trainer, args.config.optim)
+        if start.optimizer_dir is not None:
+            restore_optimizer(engine, start.optimizer_dir)
+    objective = _objective(args, engine.device, start.state.base_model)
+    stream = RowStream(
+        ray.train.get_dataset_shard("train"), trainer.samples_per_worker, trainer.cycle_data
+    )
+    Loop(args, engine, objective, stream, start, rank).run()
+
+
+def _prepare_process(trainer: TrainerConfig) -> None:
+    if not trainer.use_gpu:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        torch.set_num_threads(max(1, int(trainer.cpus_per_worker)))
+    torch.manual_seed(trainer.seed)
+
+
+def _start(args: WorkerArgs, rank: int, world: int, stack: ExitStack) -> Start:
+    """The run's own latest checkpoint (after a restart) wins over ``resume_from``."""
+    import ray.train
+
+    checkpoint = ray.train.get_checkpoint() or args.resume_from
+    folder = None if checkpoint is None else Path(stack.enter_context(checkpoint.as_directory()))
+    trainer = args.config.trainer
+    base = TrainerState(
+        kind=args.kind, world_size=world, zero_stage=trainer.zero_stage, base_model=args.model_path
+    )
+    return resolve_start(folder, base, args.model_path)
+
+
+def _objective(args: WorkerArgs, device: Any, base_model: str) -> Objective:
+    """The RL objective's KL reference is ``ref_model_path``, else the run's original model
+    (recorded in its checkpoints, so a resumed run keeps the same reference)."""
+    from train_loops.batching import ImageEncoder
+
+    encoder = ImageEncoder.from_pretrained(args.model_path)
+    dtype = TORCH_DTYPES[args.config.trainer.dtype]
+    if isinstance(args.config, SFTTrainConfig):
+        return SFTObjective(encoder, device=device, dtype=dtype)
+    reference = None
+    if args.config.loss.uses_reference:
+        path = args.config.ref_model_path or _existing(base_model) or args.model_path
+        model = load_model(path, args.config.trainer, trainable=False)
+        reference = init_reference(model, args.config.trainer, device)
+    return RLObjective.from_config(
+        args.config.loss, encoder, device=device, dtype=dtype, reference=reference
+    )
+
+
+def _existing(path: str) -> str | None:
+    if path and Path(path).is_dir():
+        return path
+    if path:
+        log.warning("reference model %s is gone; using model_path as the KL reference", path)
+    return None
+
+
+class Loop:
+    """The step loop of one worker; all ranks run the same control flow."""
+
+    def __init__(
+        self,
+        args: WorkerArgs,
+        engine: Any,
+        objective: Objective,
+        stream: RowStream,
+        start: Start,
+        rank: int,
+    ):
+        self.args, self.engine, self.objective, self.stream = args, engine, objective, stream
+        self.cfg: TrainerConfig = args.config.trainer
+        self.state = start.state
+        self.rank = rank
+        run_dir = Path(args.run_dir) if rank == 0 else None
+        common = {"run": args.run_name, "kind": args.kind}
+        self.metrics_log = JsonlLog(run_dir and run_dir / METRICS_FILE, **common)
+        self.events = JsonlLog(run_dir and run_dir / EVENTS_FILE, **common)
+        self.events.write(
+            event="start",
+            step=self.state.step,
+            version=self.state.version,
+            resumed_from=start.source,
+            restored_optimizer=start.optimizer_dir is not None,
+            world_size=self.state.world_size,
+        )
+        self._last_checkpoint_step = self.state.step
+        self._last_report = time.monotonic()
+
+    def run(self) -> None:
+        reason = "max_steps"
+        metrics: dict[str, float] = {}
+        while self.state.step < self.cfg.max_steps:
+            t0 = time.perf_counter()
+            rows = self.stream.next()
+            ready, report = agree(rows is not None, self._wants_report(), self.engine.device)
+            if not ready:
+                reason = "data_exhausted"
+                break
+            assert rows is not None
+            metrics = self._step(rows, data_wait=time.perf_counter() - t0)
+            self._report(metrics, report)
+        if self.state.step > self._last_checkpoint_step:
+            self._checkpoint_and_report(metrics)
+        self.events.write(
+            event="end", reason=reason, step=self.state.step, version=self.state.version
+        )
+
+    def _step(self, rows: list[Row], data_wait: float) -> dict[str, float]:
+        t0 = time.perf_counter()
+        stale = staleness(rows, self.state.version)
+        outs = [self._micro(chunk) for chunk in _chunks(rows, self.cfg.micro_batch_size)]
+        grad_norm = self.engine.get_global_grad_norm()
+        step_time = time.perf_counter() - t0
+        self.state.step += 1
+        self.state.samples_seen += self.cfg.samples_per_step
+        publish_time = self._maybe_publish()
+        means = {
+            **mean_of([o.metrics for o in outs]),
+            **stale,
+            "step_time": step_time,
+            "time/data_wait": data_wait,
+            "time/publish": publish_time,
+            "optim/grad_norm": float(grad_norm) if grad_norm is not None else 0.0,
+        }
+        sums = {"tokens": float(sum(o.tokens for o in outs)), "samples": float(len(rows))}
+        metrics = reduce_across_ranks(means, sums, self.engine.device)
+        metrics.update({"train/step": self.state.step, "train/version": self.state.version})
+        self.metrics_log.write(**metrics)
+        return metrics
+
+    def _micro(self, rows: Sequence[Row]) -> MicroStep:
+        out = self.objective.micro_step(self.engine, rows)
+        self.engine.backward(out.loss)
+        self.engine.step()  # applies the update only at the accumulation boundary
+        return out
+
+    def _maybe_publish(self) -> float:
+        if self.state.step % self.cfg.publish_every:
+            return 0.0
+        t0 = time.perf_counter()
+        self.state.version += 1
+        if self.args.publish_fn is not None:
+            weights = full_state_dict(self.engine, self.cfg.zero_stage, self.rank)
+            if weights is not None:
+                self.args.publish_fn(weights, self.state.version)
+        return time.perf_counter() - t0
+
+    def _wants_report(self) -> bool:
+        """Rank 0's wish to report after the coming step (the ranks agree on it)."""
+        if self.rank != 0 or (self.state.step + 1) % self.cfg.report_every:
+            return False
+        return time.monotonic() - self._last_report >= self.cfg.report_interval_s
+
+    def _report(self, metrics: dict[str, float], report: bool) -> None:
+        import ray.train
+
+        step = self.state.step
+        if step % self.cfg.checkpoint_every == 0 or step >= self.cfg.max_steps:
+            self._checkpoint_and_report(metrics)
+        elif report:
+            ray.train.report(metrics)
+            self._last_report = time.monotonic()
+
+    def _checkpoint_and_report(self, metrics: dict[str, float]) -> None:
+        import ray.train
+
+        t0 = time.perf_counter()
+        weights = full_state_dict(self.engine, self.cfg.zero_stage, self.rank)
+        with tempfile.TemporaryDirectory(prefix="csd-ckpt-") as tmp:
+            write_checkpoint(Path(tmp), self.engine, weights, self.state, self.args.model_path)
+            ray.train.report(
+                {**metrics, "time/checkpoint": time.perf_counter() - t0},
+                checkpoint=ray.train.Checkpoint.from_directory(tmp),
+                checkpoint_dir_name=f"checkpoint_{self.args.kind}_{self.state.step:06d}",
+            )
+        self._last_checkpoint_step = self.state.step
+        self._last_report = time.monotonic()
+        self.events.write(event="checkpoint", step=self.state.step, version=self.state.version)
+
+
+def _chunks(rows: Sequence[Row], size: int) -> list[Sequence[Row]]:
+    return [rows[i : i + size] for i in range(0, len(rows), size)]

@@ -1,0 +1,116 @@
+"""Builders of the Ray Train ``TorchTrainer`` for the RL and SFT loops.
+
+    trainer = build_rl_trainer(cfg, model_path, {"train": dataset}, publish_fn, run_dir)
+    result = trainer.fit()          # result.checkpoint: the latest checkpoint
+
+``datasets["train"]`` may be an unbounded streaming dataset (RL) or a bounded one (SFT,
+tests). Checkpoints land under ``<run_dir>/<run_name>/``; step metrics are in
+``<run_dir>/train_metrics.jsonl`` (see ``train_loops.metrics``) and in ``ray.train.report``.
+Resuming: pass ``resume_from`` (a checkpoint of ours, or a plain Hugging Face folder for the
+weights only); a run restarted under the same ``run_dir``/``run_name`` resumes from its own
+latest checkpoint instead (Ray Train's run snapshot).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from train_loops.config import RLTrainConfig, SFTTrainConfig, TrainerConfig
+from train_loops.loop import PublishFn, WorkerArgs, train_worker
+
+if TYPE_CHECKING:
+    from ray.train import Checkpoint
+    from ray.train.torch import TorchTrainer
+
+
+def build_rl_trainer(
+    cfg: RLTrainConfig,
+    model_path: str | Path,
+    datasets: dict[str, Any],
+    publish_fn: PublishFn | None,
+    run_dir: str | Path,
+    resume_from: Checkpoint | str | Path | None = None,
+    run_name: str = "rl",
+) -> TorchTrainer:
+    """The online-RL trainer (METHOD.md §4–§5) over step samples in ``datasets["train"]``."""
+    return _build("rl", cfg, model_path, datasets, publish_fn, run_dir, resume_from, run_name)
+
+
+def build_sft_trainer(
+    cfg: SFTTrainConfig,
+    model_path: str | Path,
+    datasets: dict[str, Any],
+    publish_fn: PublishFn | None,
+    run_dir: str | Path,
+    resume_from: Checkpoint | str | Path | None = None,
+    run_name: str = "sft",
+) -> TorchTrainer:
+    """The SFT trainer (analyzer SFT, Entropulse phases) over SFT samples."""
+    return _build("sft", cfg, model_path, datasets, publish_fn, run_dir, resume_from, run_name)
+
+
+def _build(
+    kind: Literal["rl", "sft"],
+    cfg: RLTrainConfig | SFTTrainConfig,
+    model_path: str | Path,
+    datasets: dict[str, Any],
+    publish_fn: PublishFn | None,
+    run_dir: str | Path,
+    resume_from: Checkpoint | str | Path | None,
+    run_name: str,
+) -> TorchTrainer:
+    from ray.train.torch import TorchTrainer
+
+    if "train" not in datasets:
+        raise ValueError(f"datasets needs a 'train' entry, got {sorted(datasets)}")
+    run_dir = Path(run_dir).expanduser().resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    args = WorkerArgs(
+        kind=kind,
+        config=cfg,
+        model_path=str(Path(model_path).expanduser().resolve()),
+        run_dir=str(run_dir),
+        run_name=run_name,
+        publish_fn=publish_fn,
+        resume_from=_as_checkpoint(resume_from),
+    )
+    return TorchTrainer(
+        train_worker,
+        train_loop_config={"args": args},
+        scaling_config=_scaling(cfg.trainer),
+        run_config=_run_config(cfg.trainer, run_dir, run_name),
+        datasets=datasets,
+    )
+
+
+def _as_checkpoint(source: Checkpoint | str | Path | None) -> Checkpoint | None:
+    from ray.train import Checkpoint
+
+    if source is None or isinstance(source, Checkpoint):
+        return source
+    path = Path(source).expanduser().resolve()
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"resume_from={source!s}: no config.json, not a model folder")
+    return Checkpoint.from_directory(str(path))
+
+
+def _scaling(trainer: TrainerConfig) -> Any:
+    from ray.train import ScalingConfig
+
+    return ScalingConfig(
+        num_workers=trainer.num_workers,
+        use_gpu=trainer.use_gpu,
+        resources_per_worker={"CPU": trainer.cpus_per_worker},
+    )
+
+
+def _run_config(trainer: TrainerConfig, run_dir: Path, run_name: str) -> Any:
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig
+
+    return RunConfig(
+        name=run_name,
+        storage_path=str(run_dir),
+        checkpoint_config=CheckpointConfig(num_to_keep=trainer.keep_checkpoints),
+        failure_config=FailureConfig(max_failures=trainer.max_failures),
+    )
