@@ -62,7 +62,7 @@ def test_bad_config_names_field_value_and_rule(
 
 def test_override_syntax_errors() -> None:
     for bad in ("noequals", "=1", "a..b=1"):
-        with pytest.raises(ConfigError, match="key.sub=value"):
+        with pytest.raises(ConfigError, match=r"key\.sub=value"):
             parse_override(bad)
     with pytest.raises(ConfigError, match="is a value, not a section"):
         apply_overrides({"name": "x"}, ["name.sub=1"])
@@ -78,5 +78,5 @@ def test_environment_references(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("RUN_NAME_FOR_TEST", "prod")
     assert load_config(Outer, path).name == "prod-a"
     monkeypatch.delenv("RUN_NAME_FOR_TEST")
-    with pytest.raises(ConfigError, match="name = '.*RUN_NAME_FOR_TEST.*is not set"):
+    with pytest.raises(ConfigError, match=r"name = '.*RUN_NAME_FOR_TEST.*is not set"):
         load_config(Outer, path)
