@@ -69,7 +69,9 @@ def main() -> None:
     asyn = run_mode("async", args, root)
     speedup = sync["phase_s"] / asyn["phase_s"]
     print(f"sync : training phase {sync['phase_s']:.1f}s, trainer idle {sync['idle_frac']:.0%}")
-    print(f"async: training phase {asyn['phase_s']:.1f}s, trainer idle {asyn['idle_frac']:.0%} (target < 25%)")
+    print(
+        f"async: training phase {asyn['phase_s']:.1f}s, trainer idle {asyn['idle_frac']:.0%} (target < 25%)"
+    )
     print(f"async/sync speedup: {speedup:.2f}x (target >= 2x)")
 
 

@@ -127,4 +127,6 @@ def test_dropped_groups_release_their_slot(reason: str) -> None:
     buf, ok = run(go())
     assert ok
     s = buf.stats()
-    assert (s["groups_dropped_failed"], s["groups_cancelled"]) == ((1, 0) if reason == "failed" else (0, 1))
+    assert (s["groups_dropped_failed"], s["groups_cancelled"]) == (
+        (1, 0) if reason == "failed" else (0, 1)
+    )
