@@ -31,7 +31,12 @@ class RayClusterConfig(BaseModel):
     )
     include_dashboard: bool = Field(False, description="Start the dashboard on a local cluster.")
     data_block_size_kb: int = Field(
-        16, ge=1, description="Ray Data target block size; small so streaming blocks flush."
+        1,
+        ge=1,
+        description=(
+            "Ray Data target block size, KiB. Tiny on purpose: a streaming read task holds rows "
+            "until a block fills, so anything larger stalls a paused stream (sync mode)."
+        ),
     )
 
 
