@@ -184,7 +184,8 @@ class RolloutWorker:
         rows: list[dict[str, Any]] = []
         async with self.env.session() as sess:
             obs = await sess.reset(task)
-            instruction = task.get("instruction") or obs.instruction or ""
+            # The concrete instruction comes from reset (MiniWoB draws it); OSWorld payloads carry it.
+            instruction = obs.instruction or task.get("instruction") or ""
             screens: list[bytes] = [obs.screenshot or b""]
             history: list[str] = []
             for step_index in range(self.cfg.rollout.max_steps):

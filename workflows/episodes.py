@@ -1,0 +1,272 @@
+"""Playing single episodes for the analyzer pipeline and evaluation (no training signals).
+
+An :class:`Agent` answers each step with a response text: :class:`PolicyAgent` asks a policy
+Serve deployment (the same prompt as the rollout workers: ``agent_messages``, last H screens,
+action history), :class:`ScriptedAgent` renders a scripted plan (``env_client.scripted``)
+computed from the episode's ground truth. :func:`play_episode` runs one episode on a fresh
+session and, when asked, records every transition (screens before/after, response, parsed and
+executed action, ground truth before/after). :func:`play_with_retries` replays an episode on a
+fresh session after environment failures; :func:`run_bounded` runs many coroutines with at
+most ``limit`` at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from env_client.actions import Action, parse_response, render_response
+from env_client.client import EnvClient, Session
+from env_client.errors import EnvError
+from env_client.observation import StepResult
+from env_client.scripted import NoPlan
+from serve_apps.prompting.messages import agent_messages, summarize_response
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+# Keys of the /debug answer that describe the request, not the episode.
+_TRANSIENT_TRUTH_KEYS = ("ok", "session_id", "total_actions")
+
+
+class Agent(Protocol):
+    """Answers the steps of one episode. ``start`` is called after every reset."""
+
+    name: str
+    needs_truth: bool
+
+    def start(self, truth: dict[str, Any] | None) -> None: ...
+
+    async def respond(
+        self, instruction: str, screens: list[bytes], history: list[str], step: int
+    ) -> str | None:
+        """The response text for this step; None ends the episode (nothing left to do)."""
+        ...
+
+
+class PolicyAgent:
+    """A policy deployment's ``generate`` with the rollout workers' prompt."""
+
+    needs_truth = False
+
+    def __init__(
+        self,
+        handle: Any,
+        name: str,
+        history_screens: int,
+        temperature: float | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.handle = handle
+        self.name = name
+        self.history_screens = history_screens
+        self.temperature = temperature
+        self.seed = seed  # per-episode base seed: step i samples with seed + i
+
+    def start(self, truth: dict[str, Any] | None) -> None:
+        return None
+
+    async def respond(
+        self, instruction: str, screens: list[bytes], history: list[str], step: int
+    ) -> str | None:
+        messages, shown = agent_messages(
+            instruction, screens, history, num_screenshots=self.history_screens
+        )
+        request: dict[str, Any] = {"messages": messages, "images": shown}
+        if self.temperature is not None:
+            request["temperature"] = self.temperature
+        if self.seed is not None:
+            request["seed"] = (self.seed + step) % (2**31)
+        gen = await self.handle.generate.remote(request)
+        return str(gen["text"])
+
+
+class ScriptedAgent:
+    """Replays a plan computed from the ground truth at reset (expert, wrong or mismatch)."""
+
+    needs_truth = True
+
+    def __init__(self, name: str, planner: Callable[[dict[str, Any]], list[Action]]) -> None:
+        self.name = name
+        self.planner = planner
+        self.plan: list[Action] = []
+
+    def start(self, truth: dict[str, Any] | None) -> None:
+        if truth is None:
+            raise NoPlan("scripted episodes need the environment's ground truth (/debug)")
+        self.plan = self.planner(truth)
+
+    async def respond(
+        self, instruction: str, screens: list[bytes], history: list[str], step: int
+    ) -> str | None:
+        return render_response(self.plan[step]) if step < len(self.plan) else None
+
+
+@dataclass
+class StepRecord:
+    """One transition of a recorded episode."""
+
+    step_index: int
+    history: list[str]
+    screenshot_before: bytes
+    screenshot_after: bytes
+    response_text: str
+    action: Action
+    executed_action: str
+    executed: bool
+    env_done: bool
+    truth_before: str | None
+    truth_after: str | None
+
+
+@dataclass
+class EpisodeResult:
+    task: dict[str, Any]
+    instruction: str
+    score: float
+    num_steps: int
+    steps: list[StepRecord] = field(default_factory=list)
+
+    @property
+    def success(self) -> bool:
+        return self.score >= 1.0
+
+
+def executed_action_json(action: Action, result: StepResult) -> str:
+    """The "executed action" the analyzer sees, built exactly as the rollout worker does."""
+    executed = (
+        {"action": action.name, **result.info}
+        if not result.executed
+        else action.model_dump(exclude_none=True)
+    )
+    return json.dumps(executed, ensure_ascii=False)
+
+
+class _Truth:
+    """Ground-truth reader of one session; off for the rest of the episode once unsupported."""
+
+    def __init__(self, session: Session, enabled: bool) -> None:
+        self.session = session
+        self.enabled = enabled
+
+    async def read(self) -> dict[str, Any] | None:
+        if not self.enabled:
+            return None
+        try:
+            truth = await self.session.ground_truth()
+        except EnvError as exc:
+            if exc.status is None or exc.status >= 500:
+                raise  # the environment failed: retry the episode
+            log.warning("environment has no ground truth (%s); storing none", exc)
+            self.enabled = False
+            return None
+        return {k: v for k, v in truth.items() if k not in _TRANSIENT_TRUTH_KEYS}
+
+
+async def play_episode(
+    client: EnvClient,
+    task: dict[str, Any],
+    agent: Agent,
+    *,
+    max_steps: int,
+    pause_s: float = 0.0,
+    record: bool = False,
+    ground_truth: bool = False,
+) -> EpisodeResult:
+    """One episode on a fresh session; transitions recorded when ``record``."""
+    async with client.session() as sess:
+        obs = await sess.reset(task)
+        # The reset's instruction is the concrete one (MiniWoB writes it at reset); a task
+        # payload carries the generic description, or the whole instruction (OSWorld).
+        instruction = obs.instruction or str(task.get("instruction") or "")
+        truth = _Truth(sess, ground_truth or agent.needs_truth)
+        before_truth = await truth.read()
+        agent.start(before_truth)
+        screens: list[bytes] = [obs.screenshot or b""]
+        history: list[str] = []
+        steps: list[StepRecord] = []
+        for i in range(max_steps):
+            response = await agent.respond(instruction, screens, history, i)
+            if response is None:
+                break
+            action = parse_response(response)
+            result = await sess.act(action, pause=pause_s)
+            after = result.observation.screenshot or b""
+            after_truth = await truth.read() if result.executed else before_truth
+            if record:
+                steps.append(
+                    StepRecord(
+                        i,
+                        list(history),
+                        screens[-1],
+                        after,
+                        response,
+                        action,
+                        executed_action_json(action, result),
+                        result.executed,
+                        result.done,
+                        _dump(before_truth),
+                        _dump(after_truth),
+                    )
+                )
+            screens.append(after)
+            history.append(summarize_response(response))
+            before_truth = after_truth
+            if result.done or action.name == "terminate":
+                break
+        score = await sess.evaluate()
+    return EpisodeResult(task, instruction, score, len(history), steps)
+
+
+def _dump(truth: dict[str, Any] | None) -> str | None:
+    return None if truth is None else json.dumps(truth, ensure_ascii=False)
+
+
+async def play_with_retries(
+    play: Callable[[], Awaitable[EpisodeResult]], retries: int, what: str
+) -> EpisodeResult:
+    """``play()`` again on environment failures (a fresh session each time)."""
+    for attempt in range(retries + 1):
+        try:
+            return await play()
+        except EnvError as exc:
+            if attempt >= retries:
+                raise
+            log.warning("%s: environment failure (%s); retry %d", what, exc, attempt + 1)
+            await asyncio.sleep(min(2.0**attempt, 10.0))
+    raise AssertionError("unreachable")
+
+
+async def run_bounded(
+    jobs: Iterable[Callable[[], Awaitable[T]]], limit: int
+) -> AsyncIterator[tuple[int, T | BaseException]]:
+    """Run job factories with at most ``limit`` at once; yield (index, result or exception)
+    as each finishes. Never more than ``limit`` coroutines exist at a time."""
+    it = iter(enumerate(jobs))
+    running: dict[asyncio.Task[T], int] = {}
+
+    def launch() -> bool:
+        nxt = next(it, None)
+        if nxt is None:
+            return False
+        running[asyncio.ensure_future(nxt[1]())] = nxt[0]
+        return True
+
+    while len(running) < limit and launch():
+        pass
+    try:
+        while running:
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                index = running.pop(task)
+                exc = task.exception()
+                yield index, (exc if exc is not None else task.result())
+                launch()
+    finally:
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)

@@ -1,0 +1,142 @@
+"""Plumbing shared by the analyzer-pipeline commands (collect, annotate, train_analyzer,
+evaluate): the command line, model paths, the environment service, Ray and Serve apps.
+
+Every command reads ``workflows/configs/analyzer_pipeline.yaml`` (or ``--config FILE``) plus
+``key.sub=value`` overrides into :class:`~workflows.pipeline_config.PipelineConfig`; heavy
+imports (ray, torch) happen only after the config validated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from env_client.config import EnvClientConfig
+from serve_apps.config import PolicyAppConfig
+from workflows.config import TINY_PREFIX, is_tiny
+from workflows.config_io import ConfigError, load_config
+from workflows.pipeline_config import PipelineConfig
+
+DEFAULT_CONFIG = "analyzer_pipeline"
+# Per-request access logs would drown the commands' output; they stay in Ray's log files.
+QUIET_LOGS = {"log_level": "WARNING", "enable_access_log": False}
+
+
+def parse_cli(
+    prog: str,
+    doc: str | None,
+    argv: list[str] | None,
+    add_args: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> tuple[PipelineConfig, argparse.Namespace] | int:
+    """(config, args), or an exit code (2: bad config; 0: --print-config done)."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=doc.split("\n\n")[0] if doc else None,
+        epilog=f"Config: workflows/configs/{DEFAULT_CONFIG}.yaml; override with key.sub=value.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="YAML file or bundled name")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config")
+    if add_args:
+        add_args(parser)
+    parser.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(PipelineConfig, args.config, args.overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.print_config:
+        import yaml
+
+        print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        return 0
+    return cfg, args
+
+
+def resolve_model_path(path: str, name: str = "policy") -> str:
+    """A checkpoint folder, or ``tiny:<seed>`` → the cached tiny checkpoint ``name`` (built
+    offline on first use; ``tiny:0`` as ``policy`` is the RL job's base policy)."""
+    if not is_tiny(path):
+        return str(Path(path).expanduser().resolve())
+    from workflows.tiny_models import TinyModelSpec, tiny_checkpoint
+
+    seed = int(path[len(TINY_PREFIX) :] or 0)
+    return str(tiny_checkpoint(name, TinyModelSpec(seed=seed)))
+
+
+@contextlib.contextmanager
+def environment(env: EnvClientConfig, log_path: Path) -> Iterator[str]:
+    """The configured environment service URL, or an embedded server for the command."""
+    if env.server_url:
+        yield env.server_url
+        return
+    from env_client.server import start_embedded_server
+
+    with start_embedded_server(env.embedded, log_path=log_path) as server:
+        print(f"[pipeline] embedded environment server at {server.url}", flush=True)
+        yield server.url
+
+
+@contextlib.contextmanager
+def ray_session(cfg: PipelineConfig) -> Iterator[None]:
+    """Join or start Ray for the command; shut it down only if we started it."""
+    import ray
+
+    from workflows.ray_cluster import init_ray, shutdown_ray
+
+    started = not ray.is_initialized()
+    init_ray(cfg.ray)
+    try:
+        yield
+    finally:
+        if started:
+            shutdown_ray()
+
+
+def start_serve(http_port: int) -> None:
+    """Start Serve with HTTP on 127.0.0.1:port; a Serve instance already running on the
+    cluster is kept as it is (with its own port)."""
+    from ray import serve
+
+    serve.start(http_options={"host": "127.0.0.1", "port": http_port}, logging_config=QUIET_LOGS)
+
+
+@contextlib.contextmanager
+def serve_app(app: Any, name: str, route_prefix: str) -> Iterator[Any]:
+    """Deploy an app for the block; its handle inside, the app deleted afterwards."""
+    from ray import serve
+
+    handle = serve.run(app, name=name, route_prefix=route_prefix, logging_config=QUIET_LOGS)
+    try:
+        yield handle
+    finally:
+        with contextlib.suppress(Exception):
+            serve.delete(name)
+
+
+def frozen_policy(base: PolicyAppConfig, model_path: str, name: str) -> PolicyAppConfig:
+    """The policy deployment config for a frozen checkpoint under its own app name/route."""
+    weights = base.weights.model_copy(update={"enabled": False})
+    return base.model_copy(
+        update={
+            "model_path": model_path,
+            "name": name,
+            "route_prefix": f"/{name}",
+            "weights": weights,
+        }
+    )
+
+
+def write_json(path: Path, data: Any) -> Path:
+    """Write JSON atomically (temp file + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=float) + "\n")
+    tmp.replace(path)
+    return path
