@@ -10,7 +10,9 @@ step. Fixed start-up costs (cluster, worker, DeepSpeed init) and the first ``--w
 are excluded. Throughput is samples per step over the median step interval after warm-up
 (the whole-window figure is printed beside it), measured the same way for both loops from
 step end times; the plain loop runs before and after the Ray run and the two are averaged,
-to cancel drift from other load on the (shared) machine.
+to cancel drift from other load on the (shared) machine. As a load-independent diagnostic it
+also prints CPU seconds per sample of each loop's whole process tree (for Ray: GCS, raylet,
+controller, data actors and the worker), sampled with psutil.
 
     python benchmarks/train_step.py                 # tiny policy, ~2-3 minutes on 2 cores
     python benchmarks/train_step.py --steps 40 --threads 2
@@ -21,12 +23,14 @@ The last line is ``<ratio>x (target >= 0.85x)``.
 from __future__ import annotations
 
 import argparse
+import bisect
 import itertools
 import json
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +40,8 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+import psutil
 
 from train_loops.config import LossConfig, OptimConfig, RLTrainConfig, cpu_trainer
 
@@ -68,7 +74,6 @@ def config(args: argparse.Namespace) -> RLTrainConfig:
         micro_batch_size=args.micro_batch,
         max_steps=args.warmup + args.steps,
         checkpoint_every=10**6,
-        cycle_data=True,
     )
     return RLTrainConfig(trainer=trainer, optim=OptimConfig(lr=1e-5), loss=LossConfig())
 
@@ -83,6 +88,69 @@ def throughput(stamps: list[float], warmup: int, samples_per_step: int) -> tuple
     intervals = [b - a for a, b in itertools.pairwise(timed)]
     median = statistics.median(intervals)
     return samples_per_step / median, (len(timed) - 1) * samples_per_step / (timed[-1] - timed[0])
+
+
+class TreeCpu(threading.Thread):
+    """Samples the CPU seconds used by this process and all its descendants (the local Ray
+    cluster: GCS, raylet, controller, data actors, the train worker) every 0.2 s."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[tuple[float, float]] = []
+        self._stop_event = threading.Event()
+        self._seen: dict[int, float] = {}
+
+    def _total(self) -> float:
+        me = psutil.Process()
+        for proc in [me, *me.children(recursive=True)]:
+            try:
+                t = proc.cpu_times()
+                self._seen[proc.pid] = t.user + t.system + t.children_user + t.children_system
+            except psutil.Error:
+                pass  # exited: its last sample stays counted
+        return sum(self._seen.values())
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            self.samples.append((time.time(), self._total()))
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+    def between(self, t0: float, t1: float) -> float:
+        """CPU seconds spent between wall times t0 and t1 (linear interpolation)."""
+        times = [t for t, _ in self.samples]
+        cpus = [c for _, c in self.samples]
+        return _interp(t1, times, cpus) - _interp(t0, times, cpus)
+
+
+def _interp(t: float, times: list[float], values: list[float]) -> float:
+    i = max(1, min(bisect.bisect_left(times, t), len(times) - 1))
+    (ta, va), (tb, vb) = (times[i - 1], values[i - 1]), (times[i], values[i])
+    return va + (vb - va) * (t - ta) / (tb - ta) if tb > ta else vb
+
+
+def measured(loop, cfg: RLTrainConfig, model_path: str, rows, warmup: int) -> dict[str, float]:
+    """Run ``loop`` under a CPU sampler: median-step and window samples/s, CPU-s per sample."""
+    sampler = TreeCpu()
+    sampler.start()
+    try:
+        stamps = loop(cfg, model_path, rows)
+    finally:
+        sampler.stop()
+    sps = cfg.trainer.samples_per_step
+    median, window = throughput(stamps, warmup, sps)
+    timed = stamps[warmup - 1 :]
+    cpu = sampler.between(timed[0], timed[-1]) / ((len(timed) - 1) * sps)
+    return {"median": median, "window": window, "cpu_per_sample": cpu}
+
+
+def _stream_order(cfg: RLTrainConfig, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows both loops consume, in order: ``rows`` repeated to fill every step."""
+    needed = cfg.trainer.max_steps * cfg.trainer.samples_per_step
+    return (rows * (needed // len(rows) + 1))[:needed]
 
 
 def plain_loop(cfg: RLTrainConfig, model_path: str, rows: list[dict[str, Any]]) -> list[float]:
@@ -103,10 +171,10 @@ def plain_loop(cfg: RLTrainConfig, model_path: str, rows: list[dict[str, Any]]) 
     objective = RLObjective.from_config(
         cfg.loss, ImageEncoder.from_pretrained(model_path), reference=reference
     )
+    stream = _stream_order(cfg, rows)
     stamps = []
     for step in range(t.max_steps):
-        start = (step * t.samples_per_step) % len(rows)
-        batch = (rows + rows)[start : start + t.samples_per_step]
+        batch = stream[step * t.samples_per_step : (step + 1) * t.samples_per_step]
         for i in range(0, len(batch), t.micro_batch_size):
             out = objective.micro_step(model, batch[i : i + t.micro_batch_size])
             (out.loss / t.grad_accum_steps).backward()
@@ -129,7 +197,8 @@ def ray_loop(cfg: RLTrainConfig, model_path: str, rows: list[dict[str, Any]]) ->
     init_ray(RayClusterConfig(num_cpus=cfg.trainer.cpus_per_worker + 2))
     try:
         with tempfile.TemporaryDirectory(prefix="bench-train-") as run_dir:
-            dataset = ray.data.from_arrow(to_table(rows))
+            # one pass covers every step, like the production stream (no per-epoch restarts)
+            dataset = ray.data.from_arrow(to_table(_stream_order(cfg, rows)))
             trainer = build_rl_trainer(cfg, model_path, {"train": dataset}, None, run_dir)
             result = trainer.fit()
             if result.error is not None:
@@ -160,20 +229,27 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{len(rows)} step samples, {tokens:.0f} tokens each on average; "
           f"{args.samples_per_step} samples/step, micro-batch {args.micro_batch}, "
           f"{args.threads} threads, {args.warmup} warm-up + {args.steps} timed steps")  # fmt: skip
-    sps = cfg.trainer.samples_per_step
     runs = {}
     for name, loop in (
         ("plain-before", plain_loop),
         ("ray", ray_loop),
         ("plain-after", plain_loop),
     ):
-        median, window = throughput(loop(cfg, model_path, rows), args.warmup, sps)
-        runs[name] = median
-        print(f"{LABELS[name]}: {median:.2f} samples/s (median step; whole window {window:.2f})",
-              flush=True)  # fmt: skip
-    plain = (runs["plain-before"] + runs["plain-after"]) / 2
+        runs[name] = r = measured(loop, cfg, model_path, rows, args.warmup)
+        print(f"{LABELS[name]}: {r['median']:.2f} samples/s (median step; whole window "
+              f"{r['window']:.2f}); {1000 * r['cpu_per_sample']:.1f} CPU-ms/sample "
+              "(process tree)", flush=True)  # fmt: skip
+    plain = (runs["plain-before"]["median"] + runs["plain-after"]["median"]) / 2
+    plain_cpu = (runs["plain-before"]["cpu_per_sample"] + runs["plain-after"]["cpu_per_sample"]) / 2
     print(f"plain torch loop, mean of before/after: {plain:.2f} samples/s")
-    print(f"{runs['ray'] / plain:.2f}x (target >= 0.85x)")
+    print(f"CPU-normalized ratio (plain CPU-s/sample ÷ Ray's, load-independent diagnostic): "
+          f"{plain_cpu / runs['ray']['cpu_per_sample']:.2f}x")  # fmt: skip
+    load = os.getloadavg()[0]
+    print(
+        f"load average now {load:.1f} on {os.cpu_count()} cores"
+        + (" (busy machine: wall-clock figures are unreliable)" if load > 1.5 else "")
+    )
+    print(f"{runs['ray']['median'] / plain:.2f}x (target >= 0.85x)")
 
 
 if __name__ == "__main__":
