@@ -5,14 +5,15 @@ Both loops do the same work on the same real step samples (sampled from the tiny
 reference + gated self-distillation), micro-batches with gradient accumulation, AdamW with the
 same parameter groups and gradient clipping, fp32 on CPU, the same number of torch threads.
 The Ray side is the production path: ``build_rl_trainer`` → TorchTrainer (1 worker) →
-DeepSpeed ZeRO-2 → rows from a Ray Data shard, metrics all-reduced, ``ray.train.report`` every
-step. Fixed start-up costs (cluster, worker, DeepSpeed init) and the first ``--warmup`` steps
+DeepSpeed ZeRO-2 → rows from a Ray Data shard, metrics all-reduced and logged every step,
+``ray.train.report`` at its configured interval. Fixed start-up costs (cluster, worker, DeepSpeed init) and the first ``--warmup`` steps
 are excluded. Throughput is samples per step over the median step interval after warm-up
 (the whole-window figure is printed beside it), measured the same way for both loops from
 step end times; the plain loop runs before and after the Ray run and the two are averaged,
-to cancel drift from other load on the (shared) machine. As a load-independent diagnostic it
-also prints CPU seconds per sample of each loop's whole process tree (for Ray: GCS, raylet,
-controller, data actors and the worker), sampled with psutil.
+to cancel drift from other load on the (shared) machine. As a second view it also prints CPU
+seconds per sample of each loop's whole process tree (for Ray: GCS, raylet, controller, data
+actors and the worker), sampled with psutil, and the load average at the end: on a busy
+machine the wall-clock figures mostly measure the other load.
 
     python benchmarks/train_step.py                 # tiny policy, ~2-3 minutes on 2 cores
     python benchmarks/train_step.py --steps 40 --threads 2
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     plain = (runs["plain-before"]["median"] + runs["plain-after"]["median"]) / 2
     plain_cpu = (runs["plain-before"]["cpu_per_sample"] + runs["plain-after"]["cpu_per_sample"]) / 2
     print(f"plain torch loop, mean of before/after: {plain:.2f} samples/s")
-    print(f"CPU-normalized ratio (plain CPU-s/sample ÷ Ray's, load-independent diagnostic): "
+    print(f"CPU-normalized ratio (plain CPU-s/sample ÷ Ray's): "
           f"{plain_cpu / runs['ray']['cpu_per_sample']:.2f}x")  # fmt: skip
     load = os.getloadavg()[0]
     print(
