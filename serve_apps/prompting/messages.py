@@ -11,7 +11,9 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
+
+from env_client.actions import ActionName
 
 Image = TypeVar("Image")
 Message = dict[str, Any]
@@ -19,21 +21,9 @@ Message = dict[str, Any]
 HISTORY_SCREENSHOTS = 3
 """H in METHOD.md: the context holds the last H screenshots, the last one is the current screen."""
 
-ACTIONS = (
-    "key",
-    "type",
-    "mouse_move",
-    "left_click",
-    "left_click_drag",
-    "right_click",
-    "middle_click",
-    "double_click",
-    "triple_click",
-    "scroll",
-    "hscroll",
-    "wait",
-    "terminate",
-)
+# The action space is env_client's (the lowest package owns the contract); "invalid" is the
+# parser's verdict, not something the policy may choose.
+ACTIONS = tuple(a for a in get_args(ActionName) if a != "invalid")
 
 SHORT_SYSTEM_PROMPT = (
     "Use the computer_use tool; coordinates on a 0..999 grid, (0, 0) top-left. Reply "
