@@ -156,6 +156,11 @@ class TrainerConfig(BaseModel):
         False, description="Recompute activations in backward (saves memory on large models)."
     )
     seed: int = Field(0, description="Seed of torch on every worker.")
+    cpu_affinity: list[int] | None = Field(
+        None,
+        description="CPU cores the workers are pinned to (None: no pinning). Keeps training "
+        "and serving on disjoint cores of one machine, as they are on disjoint GPUs in production.",
+    )
     max_failures: int = Field(
         0, ge=-1, description="Worker-group restarts Ray Train allows (-1: unlimited)."
     )

@@ -15,7 +15,9 @@ step's samples), and steps. Then, in this order:
    at most every ``report_every`` steps and ``report_interval_s`` seconds (a barrier that Ray
    Train V2 drains once per controller poll, so it must not run on every fast step).
 
-The run stops when the step counter reaches ``max_steps`` or a bounded dataset ends.
+The run stops when the step counter reaches ``max_steps``, a bounded dataset ends, or
+``stop_fn(metrics)`` (rank 0, after a step; e.g. an Entropulse trigger) asks it to: then it
+checkpoints at that exact step and returns.
 """
 
 from __future__ import annotations
@@ -56,12 +58,14 @@ from train_loops.metrics import (
     staleness,
 )
 from train_loops.objectives import MicroStep, Objective, RLObjective, SFTObjective
-from train_loops.stream import Row, RowStream, agree
+from train_loops.stream import Row, RowStream, agree, any_rank
 
 log = logging.getLogger(__name__)
 
 PublishFn = Callable[[dict[str, torch.Tensor], int], None]
 """``publish_fn(state_dict, version)``: full CPU weights after an update, on rank 0 only."""
+StopFn = Callable[[dict[str, float]], bool]
+"""``stop_fn(metrics)``: rank 0, after each step's (rank-reduced) metrics; True ends the run."""
 
 
 @dataclass
@@ -75,6 +79,8 @@ class WorkerArgs:
     run_name: str
     publish_fn: PublishFn | None = None
     resume_from: Any = None  # ray.train.Checkpoint | None
+    start_step: int = 0  # step counter when starting fresh or from another kind's checkpoint
+    stop_fn: StopFn | None = None
 
 
 def train_worker(loop_config: dict[str, Any]) -> None:
@@ -99,6 +105,8 @@ def train_worker(loop_config: dict[str, Any]) -> None:
 
 
 def _prepare_process(trainer: TrainerConfig) -> None:
+    if trainer.cpu_affinity:
+        os.sched_setaffinity(0, set(trainer.cpu_affinity))
     if not trainer.use_gpu:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         torch.set_num_threads(max(1, int(trainer.cpus_per_worker)))
@@ -113,7 +121,11 @@ def _start(args: WorkerArgs, rank: int, world: int, stack: ExitStack) -> Start:
     folder = None if checkpoint is None else Path(stack.enter_context(checkpoint.as_directory()))
     trainer = args.config.trainer
     base = TrainerState(
-        kind=args.kind, world_size=world, zero_stage=trainer.zero_stage, base_model=args.model_path
+        kind=args.kind,
+        step=args.start_step,
+        world_size=world,
+        zero_stage=trainer.zero_stage,
+        base_model=args.model_path,
     )
     return resolve_start(folder, base, args.model_path)
 
@@ -180,6 +192,9 @@ class Loop:
         reason = "max_steps"
         metrics: dict[str, float] = {}
         while self.state.step < self.cfg.max_steps:
+            if self._stop_requested(metrics):
+                reason = "stop_requested"
+                break
             t0 = time.perf_counter()
             rows = self.stream.next()
             ready, report = agree(rows is not None, self._wants_report(), self.engine.device)
@@ -194,6 +209,14 @@ class Loop:
         self.events.write(
             event="end", reason=reason, step=self.state.step, version=self.state.version
         )
+
+    def _stop_requested(self, metrics: dict[str, float]) -> bool:
+        """Rank 0 asks ``stop_fn`` about the last step; every rank learns the answer before
+        taking more rows (the collective runs only when a stop_fn is set, on all ranks)."""
+        if self.args.stop_fn is None:
+            return False
+        wish = self.rank == 0 and bool(metrics) and bool(self.args.stop_fn(metrics))
+        return any_rank(wish, self.engine.device)
 
     def _step(self, rows: list[Row], data_wait: float) -> dict[str, float]:
         t0 = time.perf_counter()

@@ -66,3 +66,12 @@ def agree(ready: bool, want_report: bool, device: torch.device | str) -> tuple[b
     flags = torch.tensor([int(ready), -int(want_report)], dtype=torch.int32, device=device)
     dist.all_reduce(flags, op=dist.ReduceOp.MIN)
     return bool(flags[0].item() == 1), bool(flags[1].item() == -1)
+
+
+def any_rank(flag: bool, device: torch.device | str) -> bool:
+    """True on every rank if ``flag`` is True on some rank (one MAX all-reduce)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    t = torch.tensor([int(flag)], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())

@@ -8,7 +8,10 @@ tests). Checkpoints land under ``<run_dir>/<run_name>/``; step metrics are in
 ``<run_dir>/train_metrics.jsonl`` (see ``train_loops.metrics``) and in ``ray.train.report``.
 Resuming: pass ``resume_from`` (a checkpoint of ours, or a plain Hugging Face folder for the
 weights only); a run restarted under the same ``run_dir``/``run_name`` resumes from its own
-latest checkpoint instead (Ray Train's run snapshot).
+latest checkpoint instead (Ray Train's run snapshot). ``start_step`` sets the step counter when
+the weights come from elsewhere (RL resuming from an Entropulse SFT checkpoint keeps counting
+its steps globally, so ``max_steps`` stays the run's total). ``stop_fn(metrics)`` (picklable,
+called on rank 0 after each step) ends the fit early with a checkpoint at that step.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from train_loops.config import RLTrainConfig, SFTTrainConfig, TrainerConfig
-from train_loops.loop import PublishFn, WorkerArgs, train_worker
+from train_loops.loop import PublishFn, StopFn, WorkerArgs, train_worker
 
 if TYPE_CHECKING:
     from ray.train import Checkpoint
@@ -32,9 +35,14 @@ def build_rl_trainer(
     run_dir: str | Path,
     resume_from: Checkpoint | str | Path | None = None,
     run_name: str = "rl",
+    start_step: int = 0,
+    stop_fn: StopFn | None = None,
 ) -> TorchTrainer:
     """The online-RL trainer (METHOD.md §4–§5) over step samples in ``datasets["train"]``."""
-    return _build("rl", cfg, model_path, datasets, publish_fn, run_dir, resume_from, run_name)
+    return _build(
+        "rl", cfg, model_path, datasets, publish_fn, run_dir, resume_from, run_name,
+        start_step, stop_fn,
+    )  # fmt: skip
 
 
 def build_sft_trainer(
@@ -59,6 +67,8 @@ def _build(
     run_dir: str | Path,
     resume_from: Checkpoint | str | Path | None,
     run_name: str,
+    start_step: int = 0,
+    stop_fn: StopFn | None = None,
 ) -> TorchTrainer:
     from ray.train.torch import TorchTrainer
 
@@ -74,6 +84,8 @@ def _build(
         run_name=run_name,
         publish_fn=publish_fn,
         resume_from=_as_checkpoint(resume_from),
+        start_step=start_step,
+        stop_fn=stop_fn,
     )
     return TorchTrainer(
         train_worker,

@@ -9,6 +9,9 @@ One asyncio Ray actor sits between the rollout workers and the trainer's Ray Dat
 - ``put_group`` stores a finished group atomically (all its samples or none) and writes it to a
   Parquet shard under the run folder first, so a killed job loses no completed group.
 - ``take`` hands out up to ``n`` samples atomically (one method call; see RAY_NOTES.md trap 2).
+- The trainer's stream has epochs: ``end_stream`` ends the current one (its readers get None,
+  so the RL fit ends and checkpoints) while rollouts go on; ``open_stream`` starts the next one
+  for a new fit (after an Entropulse phase), first discarding rows that became too stale.
 - Every count that could hide a loss (dropped, failed, stale groups) is a stat.
 """
 
@@ -45,6 +48,7 @@ class TrajectoryBuffer:
         self._group_left: dict[str, int] = {}  # group id → rows not yet taken
         self._cond = asyncio.Condition()
         self._closed = False
+        self._epoch = 0  # stream epoch: readers of an ended epoch get None
         self._in_flight = 0
         self._cursor = start_cursor  # sequence number of the next group (picks its task)
         self._phase_version = start_version
@@ -58,6 +62,7 @@ class TrajectoryBuffer:
                 "groups_dropped_stale",
                 "groups_cancelled",
                 "groups_restored",
+                "groups_purged_stale",
                 "samples_in",
                 "samples_out",
                 "episodes",
@@ -135,16 +140,24 @@ class TrajectoryBuffer:
             self._cond.notify_all()
 
     # ---- consumer side -------------------------------------------------------------------
-    async def take(self, n: int, timeout_s: float = 1.0) -> list[dict[str, Any]] | None:
-        """Up to ``n`` samples (waits up to ``timeout_s`` for the first); None once closed and empty."""
+    async def take(
+        self, n: int, timeout_s: float = 1.0, epoch: int | None = None
+    ) -> list[dict[str, Any]] | None:
+        """Up to ``n`` samples (waits up to ``timeout_s`` for the first); None once closed and
+        empty, or once stream ``epoch`` (None: any) has ended."""
+
+        def ended() -> bool:
+            return epoch is not None and epoch != self._epoch
+
         async with self._cond:
             try:
                 await asyncio.wait_for(
-                    self._cond.wait_for(lambda: self._closed or bool(self._rows)), timeout_s
+                    self._cond.wait_for(lambda: self._closed or ended() or bool(self._rows)),
+                    timeout_s,
                 )
             except TimeoutError:
                 return []
-            if not self._rows and self._closed:
+            if ended() or (not self._rows and self._closed):
                 return None
             out = [self._rows.popleft() for _ in range(min(n, len(self._rows)))]
             for row in out:
@@ -159,17 +172,42 @@ class TrajectoryBuffer:
             self._group_left[group_id] = left
             return
         self._group_left.pop(group_id, None)
+        self._move_shard(group_id, "taken")
+
+    def _move_shard(self, group_id: str, to: str) -> None:
+        """pending/ → ``to``/: a restart restores only what was never handed out."""
         if self.shard_dir:
             src = self.shard_dir / "pending" / f"{group_id}.parquet"
             if src.exists():
-                (self.shard_dir / "taken").mkdir(parents=True, exist_ok=True)
-                src.replace(self.shard_dir / "taken" / src.name)
+                (self.shard_dir / to).mkdir(parents=True, exist_ok=True)
+                src.replace(self.shard_dir / to / src.name)
 
     # ---- control -------------------------------------------------------------------------
     async def set_version(self, version: int) -> None:
         async with self._cond:
             self.version = max(self.version, version)
             self._cond.notify_all()
+
+    async def end_stream(self) -> None:
+        """End the current stream epoch: its readers get None; groups keep coming in."""
+        async with self._cond:
+            self._epoch += 1
+            self._cond.notify_all()
+
+    async def open_stream(self) -> int:
+        """The epoch for a new stream, after dropping buffered groups too stale to train on
+        (same rule as ``put_group``; counted as ``groups_purged_stale``, shards kept)."""
+        async with self._cond:
+            limit = self.version - self.cfg.max_staleness - 1
+            stale = {r["group_id"] for r in self._rows if r["behavior_version"] < limit}
+            if stale:
+                self._rows = deque(r for r in self._rows if r["group_id"] not in stale)
+                for group_id in stale:
+                    self._group_left.pop(group_id, None)
+                    self._move_shard(group_id, "purged")
+                self.stats_["groups_purged_stale"] += len(stale)
+                self._cond.notify_all()
+            return self._epoch
 
     async def close(self) -> None:
         async with self._cond:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from env_client.config import EnvClientConfig
 from serve_apps.config import AnalyzerAppConfig, PolicyAppConfig
 from train_loops.config import LossConfig, OptimConfig, TrainerConfig
+from workflows.pipeline_config import EntropulseConfig
 from workflows.ray_cluster import RayClusterConfig
 
 
@@ -103,6 +104,10 @@ class OnlineRLConfig(_Strict):
     )
     loss: LossConfig = Field(default_factory=LossConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    entropulse: EntropulseConfig = Field(
+        default_factory=EntropulseConfig,
+        description="SFT phases on successful trajectories when entropy collapses (METHOD §7).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> OnlineRLConfig:

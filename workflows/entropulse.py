@@ -32,9 +32,11 @@ How the RL job uses it::
 - Phase changes are metrics events (``entropulse/phase`` 1 during SFT, 0 after) in
   ``metrics`` (the job's JSONL) and in ``<run_dir>/entropulse.jsonl``.
 
-Note for resuming RL: a checkpoint of another kind restores weights and version but restarts
-the step counter (``train_loops.checkpoint.resolve_start``), and a Ray Train run name that
-already has checkpoints resumes from its own latest one; hence ``next_rl_run_name``.
+Note for resuming RL: a checkpoint of another kind restores weights and version but not the
+step counter (``train_loops.checkpoint.resolve_start``; the job passes its RL step count as
+``start_step``), and a Ray Train run name that already has checkpoints resumes from its own
+latest one; hence ``next_rl_run_name``, and an interrupted phase's folder is set aside before
+the phase runs again. ``workflows.rl_phases`` drives all of this inside the online RL job.
 """
 
 from __future__ import annotations
@@ -147,6 +149,22 @@ def should_trigger(cfg: EntropulseConfig, values: list[float], phases: int) -> T
     return None
 
 
+class EntropulseStop:
+    """The trigger rule as the RL loop's ``stop_fn``: fed each step's metrics on rank 0 (the
+    same values the JSONL gets), it ends the fit exactly at the step a phase becomes due.
+    Picklable; a fresh one per RL segment (counting starts at the segment's first step)."""
+
+    def __init__(self, cfg: EntropulseConfig, phases_done: int) -> None:
+        self.cfg, self.phases_done = cfg, phases_done
+        self.values: list[float] = []
+
+    def __call__(self, metrics: Mapping[str, float]) -> bool:
+        value = metrics.get(self.cfg.metric)
+        if isinstance(value, int | float):
+            self.values.append(float(value))
+        return should_trigger(self.cfg, self.values, self.phases_done) is not None
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -221,9 +239,11 @@ def run_sft_phase(
             next_rl_run_name=next_rl,
         )  # fmt: skip
     samples = [sft_sample_from_step(r, source="entropulse") for r in rows]
+    run_name = f"entropulse-p{phase:02d}"
+    _set_aside_interrupted(run_dir / run_name)
     trainer = build_sft_trainer(
         sft, rl_checkpoint, {"train": ray.data.from_arrow(to_sft_table(samples))},
-        publish_fn, run_dir, resume_from=rl_checkpoint, run_name=f"entropulse-p{phase:02d}",
+        publish_fn, run_dir, resume_from=rl_checkpoint, run_name=run_name,
     )  # fmt: skip
     result = trainer.fit()
     if result.error is not None or result.checkpoint is None:
@@ -234,6 +254,15 @@ def run_sft_phase(
         skipped=False, reason=None, num_samples=len(rows), sft_steps=sft.trainer.max_steps,
         elapsed_s=time.time() - t0, next_rl_run_name=next_rl,
     )  # fmt: skip
+
+
+def _set_aside_interrupted(folder: Path) -> None:
+    """A phase folder without a recorded end belongs to a killed job: Ray Train would resume
+    that old SFT run instead of starting from the new RL checkpoint."""
+    if folder.exists():
+        aside = folder.with_name(f"{folder.name}.interrupted-{int(time.time())}")
+        log.warning("setting aside %s (an interrupted phase) as %s", folder, aside.name)
+        folder.rename(aside)
 
 
 class Entropulse:

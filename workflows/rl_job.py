@@ -93,6 +93,7 @@ class Monitor(threading.Thread):
         self._last: dict[str, float] = {}
         self._success_window: list[tuple[float, float]] = []
         self.peak_mem_gb = 0.0
+        self.extra: dict[str, float] = {"entropulse/phase": 0.0}  # set by the training thread
 
     def run(self) -> None:
         while not self.stop_event.wait(self.cfg.progress_every_s):
@@ -142,6 +143,7 @@ class Monitor(threading.Thread):
         rec["mem/peak_job_pss_gb"] = self.peak_mem_gb
         self._window(rec, buf)
         rec.update(self._train_metrics())
+        rec.update(self.extra)
         self._last = {"t": now, "steps": steps}
         return rec
 
@@ -200,19 +202,9 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
-def latest_checkpoint(run_dir: Path, run_name: str = "rl") -> tuple[Path | None, int, int]:
-    """(folder, step, version) of the newest complete trainer checkpoint under the run."""
-    best: tuple[Path | None, int, int] = (None, 0, 0)
-    for state_file in (run_dir / run_name).glob("checkpoint_*/trainer_state.json"):
-        state = json.loads(state_file.read_text())
-        if state.get("step", 0) > best[1]:
-            best = (state_file.parent, int(state["step"]), int(state.get("version", 0)))
-    return best
-
-
 def _resolved_models(cfg: OnlineRLConfig, resume_dir: Path | None, version: int) -> OnlineRLConfig:
-    """model_path 'tiny:<seed>' → a built tiny checkpoint; on resume the policy serves the
-    checkpoint's weights at its version."""
+    """model_path 'tiny:<seed>' → a built tiny checkpoint; the policy replicas serve the resume
+    checkpoint's weights at its version (the trainer keeps the base model as its model_path)."""
     policy_path = resume_dir or Path(_model_path(cfg.policy.model_path, "policy"))
     # A registry per run: two jobs (or a job and a test) on one cluster never cross weights.
     weights = cfg.policy.weights.model_copy(
@@ -270,20 +262,23 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
     import ray
 
     from env_client.tasks import load_tasks
-    from train_loops.config import RLTrainConfig
-    from train_loops.trainers import build_rl_trainer
     from workflows.buffer import TrajectoryBuffer
+    from workflows.rl_phases import ResumePoint, resume_point
     from workflows.rollout import RolloutWorker
-    from workflows.stream import buffer_dataset
 
     t_start = time.time()
     run_dir = cfg.run_dir
-    resume_dir, step, version = latest_checkpoint(run_dir) if cfg.resume else (None, 0, 0)
-    if resume_dir:
-        print(f"[job] resuming from {resume_dir} (step {step}, version {version})", flush=True)
-    if step >= cfg.trainer.max_steps:
-        print(f"[job] already at step {step} >= trainer.max_steps={cfg.trainer.max_steps}")
-    cfg = _resolved_models(cfg, resume_dir, version)
+    point = resume_point(run_dir) if cfg.resume else ResumePoint()
+    if point.checkpoint:
+        print(
+            f"[job] resuming from {point.checkpoint} (RL step {point.step}, version "
+            f"{point.version}, {point.phases_done} Entropulse phases done)",
+            flush=True,
+        )
+    if point.step >= cfg.trainer.max_steps:
+        print(f"[job] already at step {point.step} >= trainer.max_steps={cfg.trainer.max_steps}")
+    base_policy = _model_path(cfg.policy.model_path, "policy")
+    cfg = _resolved_models(cfg, point.checkpoint, point.version)
     _start_serving(cfg)
     buffer = (
         ray.remote(TrajectoryBuffer)
@@ -293,8 +288,8 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
             cfg.trainer.samples_per_step,
             cfg.mode,
             str(run_dir / "trajectories"),
-            version,
-            JobState(run_dir).load(version).get("cursor", 0),
+            point.version,
+            JobState(run_dir).load(point.version).get("cursor", 0),
         )
     )
     tasks = load_tasks(cfg.rollout.train_split)
@@ -314,16 +309,9 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
     rollout_refs = [w.run.remote() for w in workers]
     monitor = Monitor(cfg, buffer, workers)
     monitor.start()
-    trainer = build_rl_trainer(
-        RLTrainConfig(trainer=cfg.trainer, optim=cfg.optim, loss=cfg.loss),
-        cfg.policy.model_path,
-        {"train": buffer_dataset(buffer, num_readers=cfg.trainer.num_workers)},
-        Publisher(str(run_dir), cfg.policy.weights, f"{cfg.run_name}-buffer"),
-        run_dir,
-        resume_from=str(resume_dir) if resume_dir else None,
-    )
+    publisher = Publisher(str(run_dir), cfg.policy.weights, f"{cfg.run_name}-buffer")
     try:
-        trainer.fit()
+        steps = _train(cfg, base_policy, buffer, publisher, point, monitor)
     finally:
         last = _stop(buffer, workers, rollout_refs, monitor)
         if not cfg.keep_serving:
@@ -331,8 +319,13 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
     png = learning_curve_png(
         read_jsonl(run_dir / "metrics.jsonl"), run_dir / "learning_curve.png", cfg.run_name
     )
+    phases = (
+        f", {monitor.extra['entropulse/phases']:.0f} Entropulse phases"
+        if cfg.entropulse.enabled
+        else ""
+    )
     print(
-        f"[job] {last.get('train/step', 0):.0f} optimizer steps, served version "
+        f"[job] {steps} RL optimizer steps{phases}, served version "
         f"{last['serve/policy_version']:.0f}, {last['rollout/episodes']:.0f} episodes, peak memory "
         f"{last['mem/peak_job_pss_gb']:.1f} GiB (PSS of the job's process tree), "
         f"{time.time() - t_start:.0f}s",
@@ -340,10 +333,70 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
     )
     print(
         f"[job] done. outputs in {run_dir}: metrics.jsonl, train_metrics.jsonl, {png.name}, "
-        f"checkpoints under {run_dir / 'rl'}",
+        f"checkpoints under {run_dir}/rl*",
         flush=True,
     )
     return last
+
+
+def _train(
+    cfg: OnlineRLConfig,
+    base_policy: str,
+    buffer: Any,
+    publisher: Publisher,
+    point: Any,  # workflows.rl_phases.ResumePoint
+    monitor: Monitor,
+) -> int:
+    """RL segments until ``trainer.max_steps`` RL steps, an Entropulse SFT phase between two
+    segments whenever the loop's ``EntropulseStop`` ends one (see ``workflows.rl_phases``).
+    Returns the RL steps done."""
+    import ray
+
+    from train_loops.config import RLTrainConfig
+    from train_loops.trainers import build_rl_trainer
+    from workflows.entropulse import Entropulse, EntropulseStop, Trigger
+    from workflows.rl_phases import ResumePoint, end_reason
+    from workflows.stream import buffer_dataset
+
+    pulse = Entropulse(cfg.entropulse, cfg.run_dir, cfg.trainer, cfg.optim, metrics=monitor.jsonl)
+    monitor.extra["entropulse/phases"] = float(pulse.phases)
+    rl_cfg = RLTrainConfig(trainer=cfg.trainer, optim=cfg.optim, loss=cfg.loss)
+    while True:
+        epoch = ray.get(buffer.open_stream.remote())
+        stream = buffer_dataset(buffer, num_readers=cfg.trainer.num_workers, epoch=epoch)
+        stop_fn = EntropulseStop(cfg.entropulse, pulse.phases) if cfg.entropulse.enabled else None
+        trainer = build_rl_trainer(
+            rl_cfg, base_policy, {"train": stream}, publisher, cfg.run_dir,
+            resume_from=point.checkpoint, run_name=point.run_name, start_step=point.step,
+            stop_fn=stop_fn,
+        )  # fmt: skip
+        result = trainer.fit()
+        ray.get(buffer.end_stream.remote())  # the ended fit's read tasks stop taking rows
+        checkpoint = Path(result.checkpoint.path) if result.checkpoint else point.checkpoint
+        step = point.step if checkpoint is None else _checkpoint_step(checkpoint, point.step)
+        if end_reason(cfg.run_dir, point.run_name) != "stop_requested" or checkpoint is None:
+            return step
+        trigger = pulse.poll() or Trigger(cfg.entropulse.trigger, None, step - point.step)
+        print(
+            f"[job] Entropulse trigger ({trigger.reason}, entropy {trigger.entropy}) after RL "
+            f"step {step}: SFT phase {pulse.phases + 1}",
+            flush=True,
+        )
+        monitor.extra["entropulse/phase"] = 1.0
+        phase = pulse.run_phase(checkpoint, trigger, publish_fn=publisher)
+        monitor.extra.update({"entropulse/phase": 0.0, "entropulse/phases": float(pulse.phases)})
+        outcome = f"skipped ({phase.reason})" if phase.skipped else f"{phase.sft_steps} SFT steps"
+        print(
+            f"[job] Entropulse phase {phase.phase}: {outcome} on {phase.num_samples} successful "
+            f"samples in {phase.elapsed_s:.0f}s; RL continues at version {phase.version}",
+            flush=True,
+        )
+        point = ResumePoint(pulse.phases, Path(phase.checkpoint), step, phase.version)
+
+
+def _checkpoint_step(checkpoint: Path, default: int) -> int:
+    state = checkpoint / "trainer_state.json"
+    return int(json.loads(state.read_text()).get("step", default)) if state.exists() else default
 
 
 def _delete_apps(cfg: OnlineRLConfig) -> None:

@@ -18,24 +18,32 @@ from ray.data.datasource import Datasource, ReadTask
 from train_loops.schema import STEP_SAMPLE_SCHEMA
 
 
-def _read_forever(buffer: Any, rows_per_block: int, poll_s: float) -> Iterator[pa.Table]:
+def _read_forever(
+    buffer: Any, rows_per_block: int, poll_s: float, epoch: int | None
+) -> Iterator[pa.Table]:
     import ray
 
     while True:
-        rows = ray.get(buffer.take.remote(rows_per_block, poll_s))
-        if rows is None:  # closed and drained
+        rows = ray.get(buffer.take.remote(rows_per_block, poll_s, epoch))
+        if rows is None:  # closed and drained, or this stream epoch ended
             return
         if rows:
             yield pa.Table.from_pylist(rows, schema=STEP_SAMPLE_SCHEMA)
 
 
 class BufferDatasource(Datasource):
-    """``ray.data.read_datasource(BufferDatasource(buffer), override_num_blocks=n)``."""
+    """``ray.data.read_datasource(BufferDatasource(buffer), override_num_blocks=n)``.
 
-    def __init__(self, buffer: Any, rows_per_block: int = 2, poll_s: float = 1.0) -> None:
+    ``epoch`` (from ``buffer.open_stream``) ends the stream when the buffer ends that epoch;
+    None reads until the buffer closes."""
+
+    def __init__(
+        self, buffer: Any, rows_per_block: int = 2, poll_s: float = 1.0, epoch: int | None = None
+    ) -> None:
         self.buffer = buffer
         self.rows_per_block = rows_per_block
         self.poll_s = poll_s
+        self.epoch = epoch
 
     def estimate_inmemory_data_size(self) -> int | None:
         return None
@@ -47,19 +55,21 @@ class BufferDatasource(Datasource):
         data_context: Any | None = None,
     ) -> list[ReadTask]:
         meta = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=None)
-        buffer, n, poll = self.buffer, self.rows_per_block, self.poll_s
+        buffer, n, poll, epoch = self.buffer, self.rows_per_block, self.poll_s, self.epoch
         return [
-            ReadTask(lambda: _read_forever(buffer, n, poll), meta, schema=STEP_SAMPLE_SCHEMA)
+            ReadTask(lambda: _read_forever(buffer, n, poll, epoch), meta, schema=STEP_SAMPLE_SCHEMA)
             for _ in range(max(1, parallelism))
         ]
 
 
-def buffer_dataset(buffer: Any, num_readers: int = 1, rows_per_block: int = 2):  # -> Dataset
-    """A streaming dataset of step samples; never ends until the buffer is closed."""
+def buffer_dataset(
+    buffer: Any, num_readers: int = 1, rows_per_block: int = 2, epoch: int | None = None
+):  # -> Dataset
+    """A streaming dataset of step samples; ends when the buffer closes or ends ``epoch``."""
     import ray
 
     return ray.data.read_datasource(
-        BufferDatasource(buffer, rows_per_block),
+        BufferDatasource(buffer, rows_per_block, epoch=epoch),
         override_num_blocks=num_readers,
         num_cpus=0,
     )

@@ -3,13 +3,16 @@ policy + analyzer, rollout actors, the buffer's Ray Data stream, Ray Train + Dee
 
 One scenario, two runs of the job over one run folder: run A (a subprocess with its own Ray
 cluster) is killed with SIGKILL after its first checkpoint; run B (in-process, on the test
-session's cluster) resumes from that checkpoint and trains to the end. Checked: resume point,
-served versions rising while episodes run, step-sample structure, group accounting (none lost
-or duplicated, A's unconsumed groups restored), every environment session released.
+session's cluster) resumes from that checkpoint and trains to the end, with an Entropulse
+switch forced on its first RL step (entropy threshold far above any entropy): the RL segment
+ends, an SFT phase changes the weights, RL continues from them. Checked: resume point,
+served versions rising while episodes run, the phase switch, step-sample structure, group
+accounting (none lost or duplicated, A's unconsumed groups restored), every session released.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -43,8 +46,30 @@ def _live_sessions(url: str) -> int:
 
 
 def _checkpoint_steps(run_dir: Path) -> list[int]:
-    files = (run_dir / "rl").glob("checkpoint_*/trainer_state.json")
+    """RL steps of the RL checkpoints of every segment (rl, rl-p01, …)."""
+    files = run_dir.glob("rl*/checkpoint_rl_*/trainer_state.json")
     return sorted(json.loads(f.read_text())["step"] for f in files)
+
+
+def _weights(checkpoint: str | Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(checkpoint) / "model.safetensors"))
+
+
+# Forced Entropulse: any entropy is below the threshold after one RL step; the phase trains
+# on every step sample (rewards are ±1 > -2), as the random tiny policy rarely succeeds.
+ENTROPULSE = [
+    "entropulse.enabled=true",
+    "entropulse.threshold=1000000",
+    "entropulse.window=1",
+    "entropulse.min_rl_steps=1",
+    "entropulse.max_phases=1",
+    "entropulse.sft_steps=1",
+    "entropulse.lr=0.003",
+    "entropulse.min_samples=1",
+    "entropulse.min_reward=-2",
+]
 
 
 def _wait_for(pred, timeout_s: float, what: str, poll_s: float = 2.0) -> None:
@@ -53,6 +78,23 @@ def _wait_for(pred, timeout_s: float, what: str, poll_s: float = 2.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(poll_s)
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the job and its whole Ray cluster at once, like a lost machine. Ray's daemons
+    and workers run in process groups of their own, so the tree is collected by parentage."""
+    import psutil
+
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    os.killpg(proc.pid, signal.SIGKILL)
+    for child in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    proc.wait(30)
+    psutil.wait_procs(tree, timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -105,30 +147,48 @@ def test_async_run_killed_and_resumed(tmp_path: Path, env_server, ray_cluster) -
         )
         assert run_a.poll() is None, (tmp_path / "run_a.log").read_text()[-3000:]
     finally:
-        os.killpg(run_a.pid, signal.SIGKILL)
-        run_a.wait(30)
+        _kill_tree(run_a)
     step_a = max(_checkpoint_steps(run_dir))
     assert step_a >= 2 and step_a % 2 == 0
-    pending_at_kill = {p.stem for p in (run_dir / "trajectories" / "pending").glob("*.parquet")}
     # The killed run never released its desktops; heartbeat expiry reclaims them.
     _wait_for(lambda: _live_sessions(env_server.url) == 0, 60, "reclaim of run A's sessions", 1.0)
+    pending_at_kill = {p.stem for p in (run_dir / "trajectories" / "pending").glob("*.parquet")}
 
     final = step_a + 2
     cfg = load_config(
         OnlineRLConfig,
         "embedded",
-        [*overrides, f"trainer.max_steps={final}", f"serve_http_port={_free_port()}"],
+        [*overrides, *ENTROPULSE, f"trainer.max_steps={final}", f"serve_http_port={_free_port()}"],
     )
     last = rl_job.run(cfg)
 
     # Resumed from A's checkpoint, trained to the end.
-    starts = [e for e in read_jsonl(run_dir / "train_events.jsonl") if e.get("event") == "start"]
-    assert starts[-1]["resumed_from"] is not None and starts[-1]["step"] == step_a
+    events = read_jsonl(run_dir / "train_events.jsonl")
+    starts = [e for e in events if e.get("event") == "start" and e["kind"] == "rl"]
+    assert [e["run"] for e in starts[-2:]] == ["rl", "rl-p01"]
+    assert starts[-2]["resumed_from"] is not None and starts[-2]["step"] == step_a
+    assert starts[-2]["restored_optimizer"]
     assert max(_checkpoint_steps(run_dir)) == final
-    assert last["train/version"] >= final
+
+    # The Entropulse switch: RL segment ended → SFT phase → RL resumed from the SFT weights.
+    phase_start, phase_end = read_jsonl(run_dir / "entropulse.jsonl")
+    assert phase_start["entropulse/reason"] == "threshold" and not phase_end["entropulse/skipped"]
+    rl_end = [e for e in events if e.get("event") == "end" and e["run"] == "rl"][-1]
+    assert rl_end["step"] == step_a + 1 and rl_end["reason"] == "stop_requested"
+    sft_ckpt = phase_end["entropulse/checkpoint"]
+    rl_ckpt = run_dir / "rl" / f"checkpoint_rl_{rl_end['step']:06d}"
+    before, after = _weights(rl_ckpt), _weights(sft_ckpt)
+    assert sum(not before[k].equal(after[k]) for k in before) > len(before) // 2
+    assert starts[-1]["resumed_from"] == sft_ckpt and starts[-1]["step"] == rl_end["step"]
+    assert starts[-1]["version"] == phase_end["entropulse/version"] == rl_end["version"] + 1
+    assert not starts[-1]["restored_optimizer"]  # a new RL segment
+    assert last["train/version"] >= final + 1  # the SFT step was published too
+    phase_flags = [r.get("entropulse/phase") for r in read_jsonl(run_dir / "metrics.jsonl")]
+    assert 1.0 in phase_flags and phase_flags[-1] == 0.0
 
     # Weights were hot-swapped while episodes ran: rollouts saw the served version rise in B.
-    served = [r["serve/policy_version"] for r in read_jsonl(run_dir / "metrics.jsonl")]
+    records = read_jsonl(run_dir / "metrics.jsonl")  # monitor records and phase events
+    served = [r["serve/policy_version"] for r in records if "serve/policy_version" in r]
     assert max(served) > step_a
 
     # No group lost or duplicated; A's completed-but-unconsumed groups came back.

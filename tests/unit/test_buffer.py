@@ -130,3 +130,36 @@ def test_dropped_groups_release_their_slot(reason: str) -> None:
     assert (s["groups_dropped_failed"], s["groups_cancelled"]) == (
         (1, 0) if reason == "failed" else (0, 1)
     )
+
+
+def test_ending_a_stream_epoch_stops_its_readers_only(tmp_path: Path) -> None:
+    """An Entropulse switch: the RL fit's readers end, groups keep coming in, and the next
+    stream starts without the groups that became too stale meanwhile."""
+
+    async def go():
+        buf = TrajectoryBuffer(
+            BufferConfig(capacity_samples=100, max_staleness=1),
+            samples_per_step=4,
+            shard_dir=str(tmp_path),
+        )
+        epoch = await buf.open_stream()
+        waiting = asyncio.create_task(buf.take(2, timeout_s=5.0, epoch=epoch))
+        await asyncio.sleep(0.05)
+        await buf.end_stream()
+        ended = await waiting  # woken at once, not after the timeout
+        for gid, version in (("old", 0), ("new", 3)):
+            assert await buf.acquire(version) is not None
+            assert await buf.put_group(gid, _group(gid, 2, version), successes=0)
+        stale_read = await buf.take(2, timeout_s=0.05, epoch=epoch)
+        await buf.set_version(4)  # e.g. the SFT phase published versions 1..4
+        next_epoch = await buf.open_stream()
+        rows = await buf.take(10, timeout_s=0.05, epoch=next_epoch)
+        return buf, epoch, ended, stale_read, next_epoch, rows
+
+    buf, epoch, ended, stale_read, next_epoch, rows = run(go())
+    assert ended is None and stale_read is None and next_epoch == epoch + 1
+    assert [r["group_id"] for r in rows] == ["new", "new"]  # 4 - 0 > 1 + 1: purged
+    s = buf.stats()
+    assert (s["groups_completed"], s["groups_purged_stale"], s["samples_out"]) == (2, 1, 2)
+    assert [p.name for p in (tmp_path / "purged").iterdir()] == ["old.parquet"]
+    assert not list((tmp_path / "pending").iterdir())  # a restart restores neither

@@ -12,6 +12,7 @@ from train_loops.config import OptimConfig, cpu_trainer
 from train_loops.schema import write_parquet
 from workflows.entropulse import (
     Entropulse,
+    EntropulseStop,
     EntropyTracker,
     sft_phase_config,
     should_trigger,
@@ -110,3 +111,14 @@ def test_entropulse_polls_rl_metrics_and_counts_past_phases(tmp_path: Path) -> N
         f.write(metric_line(0.4) + "\n" + metric_line(0.2, "sft") + "\n" + metric_line(0.6) + "\n")
     trig = pulse.poll()
     assert trig is not None and trig.entropy == 0.5 and trig.rl_steps == 2
+
+
+def test_stop_fn_fires_at_the_step_the_rule_does() -> None:
+    """The in-loop trigger: same rule as the JSONL tracker, fed one step's metrics at a time."""
+    cfg = EntropulseConfig(enabled=True, threshold=1.0, window=2, min_rl_steps=3)
+    stop = EntropulseStop(cfg, phases_done=0)
+    steps = [{"policy/entropy": e} for e in (0.5, 0.5, 2.0, 0.4, 0.4)]
+    assert [stop(m) for m in steps] == [False, False, False, False, True]
+    assert stop({"loss/pg": 0.1}) and len(stop.values) == 5  # no entropy: no value added
+    capped = EntropulseStop(cfg.model_copy(update={"max_phases": 1}), phases_done=1)
+    assert not any(capped(m) for m in steps)

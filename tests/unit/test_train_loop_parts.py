@@ -18,7 +18,7 @@ from train_loops.checkpoint import (
 from train_loops.config import OptimConfig, TrainerConfig, cpu_trainer
 from train_loops.engine import ds_config, param_groups
 from train_loops.metrics import JsonlLog, mean_of, reduce_across_ranks, staleness
-from train_loops.stream import RowStream, agree
+from train_loops.stream import RowStream, agree, any_rank
 
 BASE = TrainerState(kind="rl", world_size=2, zero_stage=2, base_model="/base")
 
@@ -70,6 +70,13 @@ def test_other_kind_is_a_new_phase_that_keeps_the_version(tmp_path: Path) -> Non
     start = resolve_start(_checkpoint(tmp_path, kind="sft"), BASE, "/base")
     assert (start.state.kind, start.state.step, start.state.version) == ("rl", 0, 5)
     assert start.optimizer_dir is None and start.weights.endswith("ckpt")
+
+
+def test_other_kind_keeps_the_callers_step_count(tmp_path: Path) -> None:
+    """RL after an Entropulse SFT phase counts its steps on from the job's RL step."""
+    base = TrainerState(**{**asdict(BASE), "step": 4})
+    start = resolve_start(_checkpoint(tmp_path, kind="sft"), base, "/base")
+    assert (start.state.step, start.state.version) == (4, 5)
 
 
 def test_plain_hugging_face_folder_gives_weights_only(tmp_path: Path) -> None:
@@ -179,6 +186,7 @@ def _agree_worker(rank: int, port: int, results) -> None:
         # rank 1 has run out of data; only rank 0 wants a report
         results[rank] = agree(ready=rank == 0, want_report=rank == 0, device="cpu")
         results[rank + 2] = agree(ready=True, want_report=False, device="cpu")
+        results[rank + 4] = (any_rank(rank == 1, "cpu"), any_rank(False, "cpu"))
     finally:
         dist.destroy_process_group()
 
@@ -199,3 +207,4 @@ def test_agree_across_two_gloo_ranks() -> None:
         got = dict(results)
     assert got[0] == got[1] == (False, True)  # nobody steps; everyone reports
     assert got[2] == got[3] == (True, False)
+    assert got[4] == got[5] == (True, False)  # rank 1's stop wish reaches rank 0

@@ -1,0 +1,63 @@
+"""Where the online RL job resumes around Entropulse phases (files only, no Ray)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from workflows.entropulse import EVENTS_FILE
+from workflows.rl_phases import ResumePoint, resume_point, rl_run_name
+
+
+def _checkpoint(run_dir: Path, run: str, kind: str, step: int, version: int) -> Path:
+    folder = run_dir / run / f"checkpoint_{kind}_{step:06d}"
+    folder.mkdir(parents=True)
+    state = {"kind": kind, "step": step, "version": version}
+    (folder / "trainer_state.json").write_text(json.dumps(state))
+    return folder
+
+
+def _phase_end(run_dir: Path, checkpoint: Path) -> None:
+    event = {"event": "entropulse/phase_end", "entropulse/checkpoint": str(checkpoint)}
+    with (run_dir / EVENTS_FILE).open("a") as f:
+        f.write(json.dumps({"event": "entropulse/phase_start"}) + "\n")
+        f.write(json.dumps(event) + "\n")
+
+
+def test_run_names() -> None:
+    assert [rl_run_name(p) for p in (0, 1, 12)] == ["rl", "rl-p01", "rl-p12"]
+
+
+def test_fresh_run_starts_at_zero(tmp_path: Path) -> None:
+    assert resume_point(tmp_path) == ResumePoint()
+
+
+def test_newest_rl_checkpoint_before_any_phase(tmp_path: Path) -> None:
+    _checkpoint(tmp_path, "rl", "rl", 3, 3)
+    newest = _checkpoint(tmp_path, "rl", "rl", 6, 6)
+    (tmp_path / "rl" / "checkpoint_rl_000009").mkdir()  # being written: no state file yet
+    assert resume_point(tmp_path) == ResumePoint(0, newest, 6, 6)
+
+
+def test_after_a_phase_rl_continues_from_the_sft_weights(tmp_path: Path) -> None:
+    _checkpoint(tmp_path, "rl", "rl", 4, 4)
+    sft = _checkpoint(tmp_path, "entropulse-p01", "sft", 2, 6)
+    _phase_end(tmp_path, sft)
+    point = resume_point(tmp_path)
+    # weights and version of the SFT phase, the RL step count carried on
+    assert point == ResumePoint(1, sft, 4, 6) and point.run_name == "rl-p01"
+
+
+def test_a_segment_with_own_checkpoints_resumes_from_them(tmp_path: Path) -> None:
+    _checkpoint(tmp_path, "rl", "rl", 4, 4)
+    _phase_end(tmp_path, _checkpoint(tmp_path, "entropulse-p01", "sft", 2, 6))
+    own = _checkpoint(tmp_path, "rl-p01", "rl", 7, 9)
+    assert resume_point(tmp_path) == ResumePoint(1, own, 7, 9)
+
+
+def test_an_interrupted_phase_resumes_rl_before_it(tmp_path: Path) -> None:
+    rl = _checkpoint(tmp_path, "rl", "rl", 4, 4)
+    _checkpoint(tmp_path, "entropulse-p01", "sft", 1, 5)  # killed mid-phase: no phase_end
+    with (tmp_path / EVENTS_FILE).open("a") as f:
+        f.write(json.dumps({"event": "entropulse/phase_start"}) + "\n")
+    assert resume_point(tmp_path) == ResumePoint(0, rl, 4, 4)
