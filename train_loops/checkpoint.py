@@ -6,6 +6,7 @@ Layout of one checkpoint (all ranks' files merged by ``ray.train.report``)::
     tokenizer*, processor_config.json, chat_template.jinja   copied from the base model folder
     trainer_state.json                                       TrainerState (rank 0)
     deepspeed/                                               engine.save_checkpoint (every rank)
+    manifest_rank<r>.json                                    files and sizes of rank r's share
 
 so ``AutoModelForImageTextToText.from_pretrained(ckpt)`` and ``AutoProcessor.from_pretrained
 (ckpt)`` load it directly. Resuming (:func:`resolve_start`) restores weights, step, version and
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 STATE_FILE = "trainer_state.json"
 DEEPSPEED_DIR = "deepspeed"
 DEEPSPEED_TAG = "state"
+MANIFEST_PREFIX = "manifest_rank"
 # Files ``save_pretrained`` writes itself, or that belong to one checkpoint only: not copied
 # from the base folder.
 _NOT_COPIED_NAMES = {"config.json", "generation_config.json", STATE_FILE}
@@ -69,6 +71,22 @@ class Start:
     state: TrainerState
     optimizer_dir: Path | None = None
     source: str | None = None
+
+
+def newest_of(own: Path | None, given: Path | None, kind: str) -> Path | None:
+    """The checkpoint a run starts from: its own latest (Ray Train's run snapshot), unless the
+    caller's ``given`` one is of the same kind and further on.
+
+    A job killed while Ray Train was registering a checkpoint leaves the folder complete on disk
+    but the snapshot one checkpoint behind; the job finds the newer folder and passes it, and
+    resuming from the stale snapshot would redo steps it has already counted.
+    """
+    if own is None or given is None:
+        return own or given
+    own_state, given_state = TrainerState.read(own), TrainerState.read(given)
+    if own_state is None or given_state is None or given_state.kind != kind:
+        return own
+    return given if given_state.step > own_state.step else own
 
 
 def resolve_start(checkpoint_dir: Path | None, base: TrainerState, model_path: str) -> Start:
@@ -123,10 +141,13 @@ def write_checkpoint(
     weights: dict[str, torch.Tensor] | None,
     state: TrainerState,
     model_path: str,
+    rank: int,
 ) -> None:
     """Fill ``folder`` with this rank's share of a checkpoint; every rank must call it.
 
-    ``weights`` is the full state dict on rank 0 (None elsewhere).
+    ``weights`` is the full state dict on rank 0 (None elsewhere). Each rank ends with a
+    manifest of its files, from which :func:`checkpoint_complete` tells a whole checkpoint from
+    one whose copy into storage a crash cut short.
     """
     if weights is not None:
         engine.module.save_pretrained(folder, state_dict=weights, safe_serialization=True)
@@ -134,6 +155,40 @@ def write_checkpoint(
         state.saved_at = time.time()
         state.write(folder)
     engine.save_checkpoint(str(folder / DEEPSPEED_DIR), tag=DEEPSPEED_TAG)
+    write_manifest(folder, rank)
+
+
+def write_manifest(folder: Path, rank: int) -> None:
+    """Record the relative path and size of every file in ``folder`` as ``rank``'s share."""
+    files = {
+        str(f.relative_to(folder)): f.stat().st_size
+        for f in sorted(folder.rglob("*"))
+        if f.is_file() and not f.name.startswith(MANIFEST_PREFIX)
+    }
+    (folder / f"{MANIFEST_PREFIX}{rank}.json").write_text(json.dumps(files, indent=1))
+
+
+def checkpoint_complete(folder: Path) -> bool:
+    """Whether every rank's share of the checkpoint in ``folder`` is there in full.
+
+    Ray Train copies each rank's files into the run folder without an atomic rename, so a job
+    killed mid-copy leaves a folder that looks like a checkpoint (it may even hold
+    ``trainer_state.json``) but misses files or holds truncated ones.
+    """
+    state = TrainerState.read(folder)
+    if state is None:
+        return False
+    for rank in range(state.world_size):
+        manifest = folder / f"{MANIFEST_PREFIX}{rank}.json"
+        try:
+            files = json.loads(manifest.read_text())
+        except (OSError, ValueError):
+            return False
+        for name, size in files.items():
+            path = folder / name
+            if not path.is_file() or path.stat().st_size != size:
+                return False
+    return True
 
 
 def restore_optimizer(engine: Any, ds_dir: Path) -> None:

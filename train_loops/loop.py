@@ -37,6 +37,7 @@ import torch
 from train_loops.checkpoint import (
     Start,
     TrainerState,
+    newest_of,
     resolve_start,
     restore_optimizer,
     write_checkpoint,
@@ -114,11 +115,16 @@ def _prepare_process(trainer: TrainerConfig) -> None:
 
 
 def _start(args: WorkerArgs, rank: int, world: int, stack: ExitStack) -> Start:
-    """The run's own latest checkpoint (after a restart) wins over ``resume_from``."""
+    """The run's own latest checkpoint (after a restart) wins over ``resume_from``, unless
+    that one is further on (:func:`~train_loops.checkpoint.newest_of`)."""
     import ray.train
 
-    checkpoint = ray.train.get_checkpoint() or args.resume_from
-    folder = None if checkpoint is None else Path(stack.enter_context(checkpoint.as_directory()))
+    own, given = ray.train.get_checkpoint(), args.resume_from
+    folder = newest_of(
+        None if own is None else Path(stack.enter_context(own.as_directory())),
+        None if given is None else Path(stack.enter_context(given.as_directory())),
+        args.kind,
+    )
     trainer = args.config.trainer
     base = TrainerState(
         kind=args.kind,
@@ -280,7 +286,9 @@ class Loop:
         t0 = time.perf_counter()
         weights = full_state_dict(self.engine, self.cfg.zero_stage, self.rank)
         with tempfile.TemporaryDirectory(prefix="csd-ckpt-") as tmp:
-            write_checkpoint(Path(tmp), self.engine, weights, self.state, self.args.model_path)
+            write_checkpoint(
+                Path(tmp), self.engine, weights, self.state, self.args.model_path, self.rank
+            )
             ray.train.report(
                 {**metrics, "time/checkpoint": time.perf_counter() - t0},
                 checkpoint=ray.train.Checkpoint.from_directory(tmp),

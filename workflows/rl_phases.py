@@ -20,6 +20,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from train_loops.checkpoint import checkpoint_complete
 from workflows.entropulse import EVENTS_FILE, checkpoint_version
 from workflows.metrics import read_jsonl
 
@@ -48,7 +49,7 @@ def _rl_checkpoints(folder: Path) -> list[tuple[int, int, Path]]:
     found = []
     for state_file in folder.glob("checkpoint_*/trainer_state.json"):
         state = json.loads(state_file.read_text())
-        if state.get("kind", "rl") == "rl":
+        if state.get("kind", "rl") == "rl" and checkpoint_complete(state_file.parent):
             found.append(
                 (int(state.get("step", 0)), int(state.get("version", 0)), state_file.parent)
             )

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from train_loops.checkpoint import checkpoint_complete
 from train_loops.schema import read_parquet, validate_sample
 from workflows.config import OnlineRLConfig
 from workflows.config_io import load_config
@@ -46,9 +47,11 @@ def _live_sessions(url: str) -> int:
 
 
 def _checkpoint_steps(run_dir: Path) -> list[int]:
-    """RL steps of the RL checkpoints of every segment (rl, rl-p01, …)."""
+    """RL steps of the complete RL checkpoints of every segment (rl, rl-p01, …): the kill may
+    land while Ray Train is still copying one into the run folder."""
     files = run_dir.glob("rl*/checkpoint_rl_*/trainer_state.json")
-    return sorted(json.loads(f.read_text())["step"] for f in files)
+    done = [f for f in files if checkpoint_complete(f.parent)]
+    return sorted(json.loads(f.read_text())["step"] for f in done)
 
 
 def _weights(checkpoint: str | Path) -> dict:
@@ -133,6 +136,7 @@ def test_async_run_killed_and_resumed(tmp_path: Path, env_server, ray_cluster) -
             "-m",
             "workflows.online_rl",
             *overrides,
+            "rollout.score_ordinary=true",  # A rescores both contexts, B the privileged only
             f"serve_http_port={_free_port()}",
         ],
         stdout=log,

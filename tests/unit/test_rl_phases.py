@@ -5,15 +5,24 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from train_loops.checkpoint import TrainerState
 from workflows.entropulse import EVENTS_FILE
 from workflows.rl_phases import ResumePoint, resume_point, rl_run_name
 
 
 def _checkpoint(run_dir: Path, run: str, kind: str, step: int, version: int) -> Path:
+    """A complete two-rank checkpoint: state, weights, each rank's optimizer shard + manifest."""
     folder = run_dir / run / f"checkpoint_{kind}_{step:06d}"
-    folder.mkdir(parents=True)
-    state = {"kind": kind, "step": step, "version": version}
-    (folder / "trainer_state.json").write_text(json.dumps(state))
+    (folder / "deepspeed").mkdir(parents=True)
+    TrainerState(kind=kind, step=step, version=version, world_size=2).write(folder)
+    (folder / "model.safetensors").write_bytes(b"w" * 64)
+    for rank in (0, 1):
+        (folder / "deepspeed" / f"optim_{rank}.pt").write_bytes(b"o" * 32)
+    files = {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()}
+    for rank in (0, 1):
+        shard = f"deepspeed/optim_{rank}.pt"
+        share = {**files, shard: 32} if rank == 0 else {shard: 32}
+        (folder / f"manifest_rank{rank}.json").write_text(json.dumps(share))
     return folder
 
 
@@ -37,6 +46,15 @@ def test_newest_rl_checkpoint_before_any_phase(tmp_path: Path) -> None:
     newest = _checkpoint(tmp_path, "rl", "rl", 6, 6)
     (tmp_path / "rl" / "checkpoint_rl_000009").mkdir()  # being written: no state file yet
     assert resume_point(tmp_path) == ResumePoint(0, newest, 6, 6)
+
+
+def test_a_checkpoint_cut_short_by_a_kill_is_skipped(tmp_path: Path) -> None:
+    whole = _checkpoint(tmp_path, "rl", "rl", 2, 2)
+    truncated = _checkpoint(tmp_path, "rl", "rl", 4, 4)
+    (truncated / "model.safetensors").write_bytes(b"w" * 10)
+    unshared = _checkpoint(tmp_path, "rl", "rl", 6, 6)
+    (unshared / "manifest_rank1.json").unlink()  # rank 1's share never arrived
+    assert resume_point(tmp_path) == ResumePoint(0, whole, 2, 2)
 
 
 def test_after_a_phase_rl_continues_from_the_sft_weights(tmp_path: Path) -> None:

@@ -12,8 +12,11 @@ import pytest
 from train_loops.checkpoint import (
     DEEPSPEED_DIR,
     TrainerState,
+    checkpoint_complete,
     copy_processor_files,
+    newest_of,
     resolve_start,
+    write_manifest,
 )
 from train_loops.config import OptimConfig, TrainerConfig, cpu_trainer
 from train_loops.engine import ds_config, param_groups
@@ -84,6 +87,64 @@ def test_plain_hugging_face_folder_gives_weights_only(tmp_path: Path) -> None:
     start = resolve_start(tmp_path, BASE, "/base")
     assert (start.weights, start.state.step, start.state.version) == (str(tmp_path), 0, 0)
     assert start.optimizer_dir is None
+
+
+def _saved(folder: Path, kind: str, step: int) -> Path:
+    folder.mkdir()
+    TrainerState(kind=kind, step=step).write(folder)
+    return folder
+
+
+def test_newest_of_prefers_a_further_checkpoint_of_the_same_kind(tmp_path: Path) -> None:
+    # Ray Train's snapshot says step 2; the job found the step-4 folder written before a kill.
+    own, given = _saved(tmp_path / "c2", "rl", 2), _saved(tmp_path / "c4", "rl", 4)
+    assert newest_of(own, given, "rl") == given
+    assert newest_of(given, own, "rl") == given
+
+
+def test_newest_of_keeps_the_runs_own_checkpoint_over_another_kind(tmp_path: Path) -> None:
+    # An RL segment restarted after a phase: its own checkpoint wins over the SFT weights.
+    own, sft = _saved(tmp_path / "rl", "rl", 6), _saved(tmp_path / "sft", "sft", 9)
+    assert newest_of(own, sft, "rl") == own
+
+
+def test_newest_of_with_one_or_no_candidate(tmp_path: Path) -> None:
+    only = _saved(tmp_path / "c", "rl", 1)
+    assert newest_of(None, only, "rl") == only
+    assert newest_of(only, None, "rl") == only
+    assert newest_of(None, None, "rl") is None
+    # A plain Hugging Face folder (no trainer state) never displaces the run's own checkpoint.
+    plain = tmp_path / "hf"
+    plain.mkdir()
+    assert newest_of(only, plain, "rl") == only
+
+
+def test_manifests_tell_a_whole_checkpoint_from_a_partial_copy(tmp_path: Path) -> None:
+    # Each rank wrote its share into its own folder; storage merges them into one.
+    shares = {}
+    for rank in (0, 1):
+        share = tmp_path / f"rank{rank}"
+        (share / DEEPSPEED_DIR).mkdir(parents=True)
+        if rank == 0:
+            TrainerState(kind="rl", step=2, world_size=2).write(share)
+            (share / "model.safetensors").write_bytes(b"w" * 100)
+        (share / DEEPSPEED_DIR / f"optim_{rank}.pt").write_bytes(b"o" * 50)
+        write_manifest(share, rank)
+        shares[rank] = share
+    merged = tmp_path / "merged"
+    merged.mkdir()
+    assert not checkpoint_complete(merged)  # nothing copied yet
+    for share in shares.values():
+        for f in share.rglob("*"):
+            if f.is_file():
+                (merged / f.relative_to(share)).parent.mkdir(parents=True, exist_ok=True)
+                (merged / f.relative_to(share)).write_bytes(f.read_bytes())
+    assert checkpoint_complete(merged)
+    (merged / "model.safetensors").write_bytes(b"w" * 99)  # truncated copy
+    assert not checkpoint_complete(merged)
+    (merged / "model.safetensors").write_bytes(b"w" * 100)
+    (merged / DEEPSPEED_DIR / "optim_1.pt").unlink()  # rank 1's shard missing
+    assert not checkpoint_complete(merged)
 
 
 def test_copy_processor_files_skips_weights_and_configs(tmp_path: Path) -> None:
