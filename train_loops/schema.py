@@ -9,7 +9,8 @@ process can read and write it. Field meanings follow ../shared/METHOD.md:
 - ``behavior_logprobs[t] = log π_behaviour(y_t | c, y_<t)`` from generation;
   ``ordinary_logprobs`` and ``privileged_logprobs`` are the prefill rescoring of ``y`` under ``c``
   and under ``c⁺`` by the same weights (``privileged_version``), so ``T - ordinary`` is the
-  guidance's effect measured at one version. All three have ``len(response_ids)`` entries.
+  guidance's effect measured at one version (rollouts that skip the ordinary rescoring, the
+  default, store the behaviour log-probs there). All three have ``len(response_ids)`` entries.
 - ``screenshots`` are the PNG images of the context, in prompt order.
 - ``d`` ∈ {-1, 0, +1} is the analyzer's direction (0 masks self-distillation), ``v`` its value.
 """

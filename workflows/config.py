@@ -49,6 +49,12 @@ class RolloutConfig(_Strict):
         True, description="Judge each transition; off → d=0 everywhere (plain GRPO)."
     )
     worker_num_cpus: float = Field(0.25, ge=0, description="Logical CPUs per RolloutWorker.")
+    score_ordinary: bool = Field(
+        False,
+        description="Also rescore y under the ordinary context (one more prefill per step) "
+        "for the sd/guidance_gap diagnostic; off: ordinary_logprobs are the behaviour "
+        "log-probs from generation (METHOD §3 needs only the privileged rescoring).",
+    )
 
 
 class BufferConfig(_Strict):

@@ -1,11 +1,12 @@
 """Rollout workers: async Ray actors that play groups of episodes and feed the buffer.
 
 Per step (METHOD.md §1–§3): policy ``generate`` → parse the action → env ``step`` → analyzer
-judgment of the transition → policy ``score`` of the sampled response under the ordinary and
-the privileged context → one step sample. Per finished group: ``evaluate`` scores, rewards
-r = ±1, group-relative advantages, all samples to the buffer at once. An environment failure
-retries the episode on a fresh session up to ``episode_retries``; a group that still cannot
-complete is dropped whole and counted, never silently skipped.
+judgment of the transition → policy ``score`` of the sampled response under the privileged
+context (and the ordinary one with ``rollout.score_ordinary``) → one step sample. Per
+finished group: ``evaluate`` scores, rewards r = ±1, group-relative advantages, all samples
+to the buffer at once. An environment failure retries the episode on a fresh session up to
+``episode_retries``; a group that still cannot complete is dropped whole and counted, never
+silently skipped.
 """
 
 from __future__ import annotations
@@ -230,10 +231,15 @@ class RolloutWorker:
         )
         t3 = time.perf_counter()
         guidance = guidance_text(judgment["guide"], judgment["avoid"])
-        ordinary, privileged = await asyncio.gather(
-            self._score(messages, shown, gen["response_ids"]),
-            self._score(privileged_messages(messages, guidance), shown, gen["response_ids"]),
+        privileged_call = self._score(
+            privileged_messages(messages, guidance), shown, gen["response_ids"]
         )
+        if self.cfg.rollout.score_ordinary:
+            ordinary, privileged = await asyncio.gather(
+                self._score(messages, shown, gen["response_ids"]), privileged_call
+            )
+        else:
+            ordinary, privileged = {"logprobs": gen["logprobs"]}, await privileged_call
         t4 = time.perf_counter()
         self._count(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
         screens.append(after)
