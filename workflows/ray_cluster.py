@@ -34,8 +34,9 @@ class RayClusterConfig(BaseModel):
         1,
         ge=1,
         description=(
-            "Ray Data target block size, KiB. Tiny on purpose: a streaming read task holds rows "
-            "until a block fills, so anything larger stalls a paused stream (sync mode)."
+            "Ray Data target block size of the trajectory stream, KiB. Tiny on purpose: a "
+            "streaming read task holds rows until a block fills, so anything larger stalls a "
+            "paused stream (sync mode). Other datasets keep Ray's default."
         ),
     )
 
@@ -50,7 +51,7 @@ def quiet_ray_env() -> None:
 
 
 def init_ray(cfg: RayClusterConfig | None = None, runtime_env: dict | None = None) -> None:
-    """Connect to (or start) Ray and size Ray Data blocks for streaming sources."""
+    """Connect to (or start) Ray; Ray Data without progress bars (they flood job logs)."""
     import ray
     from ray.data import DataContext
 
@@ -71,9 +72,7 @@ def init_ray(cfg: RayClusterConfig | None = None, runtime_env: dict | None = Non
                 include_dashboard=cfg.include_dashboard,
                 runtime_env=env,
             )
-    ctx = DataContext.get_current()
-    ctx.target_max_block_size = cfg.data_block_size_kb * 1024
-    ctx.enable_progress_bars = False
+    DataContext.get_current().enable_progress_bars = False
 
 
 _WORKER_ENV = (

@@ -363,7 +363,9 @@ def _train(
     rl_cfg = RLTrainConfig(trainer=cfg.trainer, optim=cfg.optim, loss=cfg.loss)
     while True:
         epoch = ray.get(buffer.open_stream.remote())
-        stream = buffer_dataset(buffer, num_readers=cfg.trainer.num_workers, epoch=epoch)
+        stream = buffer_dataset(
+            buffer, cfg.trainer.num_workers, epoch=epoch, block_size_kb=cfg.ray.data_block_size_kb
+        )
         stop_fn = EntropulseStop(cfg.entropulse, pulse.phases) if cfg.entropulse.enabled else None
         trainer = build_rl_trainer(
             rl_cfg, base_policy, {"train": stream}, publisher, cfg.run_dir,

@@ -2,13 +2,17 @@
 
 Each read task loops on ``buffer.take`` and yields small Arrow blocks until the buffer closes,
 so ``get_dataset_shard("train")`` in every Train worker sees samples as soon as groups finish.
-Blocks must be small (``DataContext.target_max_block_size``, set by ``init_ray``) or Ray Data
-holds them back until 128 MiB accumulate and everything waits silently (RAY_NOTES.md).
+Blocks must be small (``DataContext.target_max_block_size``) or Ray Data holds them back until
+128 MiB accumulate and everything waits silently (RAY_NOTES.md). The tiny size is given to this
+dataset only (a dataset keeps a copy of the context it was created under): bounded datasets of
+the same process (SFT data, benchmarks) keep Ray's default blocks, as one block per row costs
+their consumers a scheduling round-trip per row.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
@@ -63,13 +67,32 @@ class BufferDatasource(Datasource):
 
 
 def buffer_dataset(
-    buffer: Any, num_readers: int = 1, rows_per_block: int = 2, epoch: int | None = None
+    buffer: Any,
+    num_readers: int = 1,
+    rows_per_block: int = 2,
+    epoch: int | None = None,
+    block_size_kb: int = 1,
 ):  # -> Dataset
     """A streaming dataset of step samples; ends when the buffer closes or ends ``epoch``."""
     import ray
 
-    return ray.data.read_datasource(
-        BufferDatasource(buffer, rows_per_block, epoch=epoch),
-        override_num_blocks=num_readers,
-        num_cpus=0,
-    )
+    with streaming_blocks(block_size_kb):
+        return ray.data.read_datasource(
+            BufferDatasource(buffer, rows_per_block, epoch=epoch),
+            override_num_blocks=num_readers,
+            num_cpus=0,
+        )
+
+
+@contextmanager
+def streaming_blocks(block_size_kb: int = 1) -> Iterator[None]:
+    """Datasets created inside get ``block_size_kb`` blocks; the process default is restored."""
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    saved = ctx.target_max_block_size
+    ctx.target_max_block_size = block_size_kb * 1024
+    try:
+        yield
+    finally:
+        ctx.target_max_block_size = saved

@@ -13,6 +13,8 @@ import torch
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
+from workflows.stream import streaming_blocks
+
 
 class EndlessSource(Datasource):
     """A streaming source whose single read task never ends: it cycles ``rows`` forever,
@@ -39,7 +41,8 @@ class EndlessSource(Datasource):
 
 
 def endless_dataset(table: pa.Table, rows_per_block: int = 2) -> ray.data.Dataset:
-    return ray.data.read_datasource(EndlessSource(table, rows_per_block), override_num_blocks=1)
+    with streaming_blocks():
+        return ray.data.read_datasource(EndlessSource(table, rows_per_block), override_num_blocks=1)
 
 
 def weights_digest(state_dict: dict[str, torch.Tensor]) -> str:
