@@ -140,7 +140,7 @@ def build_sequence_batch(
     attention = right_aligned([[1] * len(s) for s in seqs], length, 0, torch.long)
     flat = [img for shots in screenshots for img in shots]
     pixel_values, grid_thw = encoder.encode(flat)
-    _check_image_tokens(prompts, screenshots, grid_thw, encoder, sample_ids)
+    _check_image_tokens(prompts, responses, screenshots, grid_thw, encoder, sample_ids)
     mm_types = ((ids == encoder.image_token_id) & (attention == 1)).long()
     targets = ids[:, length - window :] if window else ids[:, :0]
     mask = right_aligned([[True] * len(r) for r in responses], window, False, torch.bool)
@@ -148,18 +148,26 @@ def build_sequence_batch(
     return SequenceBatch(inputs, targets, mask)
 
 
-def _check_image_tokens(prompts, screenshots, grid_thw, encoder, sample_ids) -> None:
+def _check_image_tokens(prompts, responses, screenshots, grid_thw, encoder, sample_ids) -> None:
+    """Image-pad tokens must match the screenshots' features exactly, and only in prompts: the
+    model would otherwise fail deep inside its forward with no sample named."""
     per_image = [] if grid_thw is None else encoder.tokens_per_image(grid_thw).tolist()
     start = 0
     for i, (prompt, shots) in enumerate(zip(prompts, screenshots, strict=True)):
         expected = sum(per_image[start : start + len(shots)])
         start += len(shots)
         found = sum(1 for t in prompt if t == encoder.image_token_id)
+        in_response = sum(1 for t in responses[i] if t == encoder.image_token_id)
+        name = sample_ids[i] if sample_ids else i
         if found != expected:
-            name = sample_ids[i] if sample_ids else i
             raise SampleError(
                 f"sample {name!r}: prompt has {found} image-pad tokens, its "
                 f"{len(shots)} screenshot(s) need {expected} (processor mismatch?)"
+            )
+        if in_response:
+            raise SampleError(
+                f"sample {name!r}: response has {in_response} image-pad token(s); the "
+                "policy backend must never sample vision tokens"
             )
 
 

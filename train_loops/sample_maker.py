@@ -77,6 +77,12 @@ class PolicyScorer:
         enc = self.processor(text=[prompt], images=images, return_tensors="pt")
         return enc["input_ids"][0].tolist()
 
+    def vision_token_ids(self) -> list[int]:
+        """Image/video placeholder and vision delimiter ids: a response holding one would put
+        an image slot without features into the trainer's sequence."""
+        names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+        return [int(i) for n in names if (i := getattr(self.model.config, n, None)) is not None]
+
     @torch.no_grad()
     def sample(self, prompt: list[int], shots: list[bytes], max_new_tokens: int) -> tuple:
         """Sample a response: (token ids, behaviour log-probs), temperature 1, no top-k/p."""
@@ -88,6 +94,7 @@ class PolicyScorer:
             top_k=0,
             top_p=1.0,
             max_new_tokens=max_new_tokens,
+            suppress_tokens=self.vision_token_ids(),  # as the serving backends do
             output_logits=True,
             return_dict_in_generate=True,
         )

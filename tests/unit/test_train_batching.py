@@ -107,6 +107,13 @@ def test_image_token_mismatch_is_refused(rows: list[dict], encoder: ImageEncoder
         collate_rl([row], encoder)
 
 
+def test_image_token_in_a_response_is_refused(rows: list[dict], encoder: ImageEncoder) -> None:
+    row = dict(rows[0])
+    row["response_ids"] = [*row["response_ids"][:-1], encoder.image_token_id]
+    with pytest.raises(SampleError, match=r"response has 1 image-pad token"):
+        collate_rl([row], encoder)
+
+
 def test_per_token_length_mismatch_is_refused(rows: list[dict], encoder: ImageEncoder) -> None:
     row = dict(rows[0])
     row["privileged_logprobs"] = row["privileged_logprobs"][:-1]
