@@ -7,6 +7,9 @@ driver has broken drivers before). Ray Train has already initialized ``torch.dis
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,6 +17,30 @@ import torch
 from train_loops.config import OptimConfig, TrainerConfig
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+CPU_COMM_OP = "ShareMemCommBuilder"  # what DeepSpeed's CPU accelerator JIT-builds for gloo
+
+
+def cpu_op_env() -> None:
+    """Where and how DeepSpeed's CPU ops are JIT-built (caller's settings win).
+
+    Per interpreter prefix (the virtualenv): torch keys its build cache on the include paths, so
+    two checkouts sharing ``~/.cache/torch_extensions`` rebuild over each other's op on every
+    switch. One compiler at a time: two parallel ``cc1plus`` took 3 GiB, a third of the
+    embedded job's memory budget.
+    """
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+    os.environ.setdefault("MAX_JOBS", "1")
+
+
+def prebuild_cpu_ops() -> None:
+    """Build (or find built) the op DeepSpeed's CPU accelerator loads at its first
+    ``initialize``, so a job's trainer start does not pay the compile (about a minute on 2
+    cores; ``scripts/setup.sh`` calls this once)."""
+    cpu_op_env()
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.accelerator import get_accelerator
+
+    get_accelerator().create_op_builder(CPU_COMM_OP).load()
 
 
 def ds_config(trainer: TrainerConfig, optim: OptimConfig | None) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from train_loops.checkpoint import (
 from train_loops.config import RLTrainConfig, SFTTrainConfig, TrainerConfig
 from train_loops.engine import (
     TORCH_DTYPES,
+    cpu_op_env,
     full_state_dict,
     init_engine,
     init_reference,
@@ -110,6 +111,7 @@ def _prepare_process(trainer: TrainerConfig) -> None:
         os.sched_setaffinity(0, set(trainer.cpu_affinity))
     if not trainer.use_gpu:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        cpu_op_env()
         torch.set_num_threads(max(1, int(trainer.cpus_per_worker)))
     torch.manual_seed(trainer.seed)
 
