@@ -170,8 +170,12 @@ def run(cfg: OnlineRLConfig) -> dict[str, Any]:
     import ray
 
     from workflows.ray_cluster import init_ray, shutdown_ray
+    from workflows.rl_phases import set_aside
 
     run_dir = cfg.run_dir
+    earlier = None if cfg.resume else set_aside(run_dir)
+    if earlier is not None:
+        print(f"[job] resume=false: the earlier run folder is kept as {earlier}", flush=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.yaml")
     started_ray = not ray.is_initialized()

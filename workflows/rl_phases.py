@@ -17,6 +17,7 @@ checkpoint, else the last phase's checkpoint, else a fresh start.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,3 +83,19 @@ def end_reason(run_dir: Path, run_name: str) -> str | None:
         if e.get("event") == "end" and e.get("run") == run_name
     ]
     return ends[-1].get("reason") if ends else None
+
+
+def set_aside(run_dir: Path) -> Path | None:
+    """``resume=false``: move an earlier run's non-empty folder to ``<name>.before-<time>``
+    (never deleted) so nothing of it (Ray Train's run snapshot, pending groups, job state)
+    leaks into the new run. Returns where it went, None when there was nothing to move."""
+    if not run_dir.is_dir() or not any(run_dir.iterdir()):
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = run_dir.with_name(f"{run_dir.name}.before-{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = run_dir.with_name(f"{run_dir.name}.before-{stamp}-{n}")
+    run_dir.rename(target)
+    return target

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from train_loops.checkpoint import TrainerState
 from workflows.entropulse import EVENTS_FILE
-from workflows.rl_phases import ResumePoint, resume_point, rl_run_name
+from workflows.rl_phases import ResumePoint, resume_point, rl_run_name, set_aside
 
 
 def _checkpoint(run_dir: Path, run: str, kind: str, step: int, version: int) -> Path:
@@ -79,3 +79,18 @@ def test_an_interrupted_phase_resumes_rl_before_it(tmp_path: Path) -> None:
     with (tmp_path / EVENTS_FILE).open("a") as f:
         f.write(json.dumps({"event": "entropulse/phase_start"}) + "\n")
     assert resume_point(tmp_path) == ResumePoint(0, rl, 4, 4)
+
+
+def test_set_aside_keeps_the_earlier_run_and_leaves_a_fresh_folder(tmp_path: Path) -> None:
+    run_dir = tmp_path / "embedded"
+    assert set_aside(run_dir) is None  # nothing there yet
+    run_dir.mkdir()
+    assert set_aside(run_dir) is None and run_dir.is_dir()  # empty: nothing to keep
+    first = _checkpoint(run_dir, "rl", "rl", 6, 6)
+    kept = set_aside(run_dir)
+    assert kept is not None and not run_dir.exists()
+    assert (kept / first.relative_to(run_dir) / "trainer_state.json").is_file()
+    assert resume_point(run_dir) == ResumePoint()  # the new run starts from scratch
+    _checkpoint(run_dir, "rl", "rl", 2, 2)
+    again = set_aside(run_dir)  # a second set-aside in the same second gets its own name
+    assert again is not None and again != kept and kept.is_dir()
