@@ -25,11 +25,17 @@ def cpu_op_env() -> None:
 
     Per interpreter prefix (the virtualenv): torch keys its build cache on the include paths, so
     two checkouts sharing ``~/.cache/torch_extensions`` rebuild over each other's op on every
-    switch. One compiler at a time: two parallel ``cc1plus`` took 3 GiB, a third of the
-    embedded job's memory budget.
+    switch. Always the virtualenv's ninja (a DeepSpeed dependency) first on PATH: Debian's
+    ninja 1.11 and pip's 1.13 each take the other's build log as stale, so whether a process
+    rebuilt depended on whether its PATH had the virtualenv activated. One compiler at a time:
+    two parallel ``cc1plus`` took 3 GiB, a third of the embedded job's memory budget.
     """
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
     os.environ.setdefault("MAX_JOBS", "1")
+    bin_dir = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    if (Path(bin_dir) / "ninja").exists() and path.split(os.pathsep)[0] != bin_dir:
+        os.environ["PATH"] = bin_dir + os.pathsep + path
 
 
 def prebuild_cpu_ops() -> None:
