@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from train_loops.checkpoint import TrainerState
+from train_loops.checkpoint import TrainerState, write_manifest
 from workflows.entropulse import EVENTS_FILE
 from workflows.rl_phases import ResumePoint, resume_point, rl_run_name, set_aside
 
@@ -18,11 +18,8 @@ def _checkpoint(run_dir: Path, run: str, kind: str, step: int, version: int) -> 
     (folder / "model.safetensors").write_bytes(b"w" * 64)
     for rank in (0, 1):
         (folder / "deepspeed" / f"optim_{rank}.pt").write_bytes(b"o" * 32)
-    files = {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()}
     for rank in (0, 1):
-        shard = f"deepspeed/optim_{rank}.pt"
-        share = {**files, shard: 32} if rank == 0 else {shard: 32}
-        (folder / f"manifest_rank{rank}.json").write_text(json.dumps(share))
+        write_manifest(folder, rank)
     return folder
 
 
