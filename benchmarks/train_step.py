@@ -30,8 +30,8 @@ worker), sampled with psutil.
 
 By default (``--isolate``) both loops compute on core 0 with one thread, and Ray's processes
 (and this driver) run on the other cores: the layout of a GPU trainer, whose accelerator does
-the math while Ray's control plane uses host CPUs. Measured on the 2-core dev machine: 0.89x
-and 0.90x (per-turn ratios 0.87-0.98). With ``--no-isolate`` (2 threads, shared cores) it was
+the math while Ray's control plane uses host CPUs. Measured on the 2-core dev machine: 0.89x,
+0.90x and 0.92x in three runs (per-turn ratios 0.75-1.00). With ``--no-isolate`` (2 threads, shared cores) it was
 0.74x: a local cluster runs ~15 Ray processes (GCS, raylet, agents, Ray Train's controller and
 helpers, Ray Data's coordinators) at about 1% of a core each, and on two cores they preempt the
 two-thread loop; the same plain loop ran at 49-60 samples/s beside the idle cluster and at
