@@ -288,19 +288,16 @@ class Turns:
         self.done = 0
         self._changed = asyncio.Condition()
 
-    async def _set(self, **values: int) -> None:
-        async with self._changed:
-            for k, v in values.items():
-                setattr(self, k, v)
-            self._changed.notify_all()
-
     async def grant(self, steps: int) -> None:
-        await self._set(granted=steps)
+        async with self._changed:
+            self.granted = steps
+            self._changed.notify_all()
 
     async def after_step(self, step: int) -> None:
         """Called by the trainer after ``step``; returns when step+1 is granted."""
-        await self._set(done=step)
         async with self._changed:
+            self.done = step
+            self._changed.notify_all()
             await self._changed.wait_for(lambda: self.granted > step)
 
     async def reached(self, steps: int) -> None:
