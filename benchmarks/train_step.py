@@ -25,13 +25,13 @@ As a second view it prints CPU seconds per sample of each kind of turn for the w
 tree (the plain child, and the local Ray cluster: GCS, raylet, controller, data actors, the
 worker), sampled with psutil.
 
-    python benchmarks/train_step.py                 # tiny policy, ~3 minutes on 2 cores
+    python benchmarks/train_step.py                 # tiny policy, ~2 minutes on 2 cores
     python benchmarks/train_step.py --no-isolate    # 2 threads, every core shared
 
 By default (``--isolate``) both loops compute on core 0 with one thread, and Ray's processes
 (and this driver) run on the other cores: the layout of a GPU trainer, whose accelerator does
 the math while Ray's control plane uses host CPUs. Measured on the 2-core dev machine: 0.89x,
-0.90x and 0.92x in three runs (per-turn ratios 0.75-1.00). With ``--no-isolate`` (2 threads, shared cores) it was
+0.90x, 0.92x and 0.93x in four runs (per-turn ratios 0.75-1.00). With ``--no-isolate`` (2 threads, shared cores) it was
 0.74x: a local cluster runs ~15 Ray processes (GCS, raylet, agents, Ray Train's controller and
 helpers, Ray Data's coordinators) at about 1% of a core each, and on two cores they preempt the
 two-thread loop; the same plain loop ran at 49-60 samples/s beside the idle cluster and at
