@@ -239,33 +239,36 @@ def test_row_stream_never_returns_a_short_batch(n: int) -> None:
     assert RowStream(ListShard(n), rows_per_step=4, cycle=True).next() is None
 
 
-def _agree_worker(rank: int, port: int, results) -> None:
+def _agree_worker(rank: int, store: str, out: str) -> None:
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
         # rank 1 has run out of data; only rank 0 wants a report
-        results[rank] = agree(ready=rank == 0, want_report=rank == 0, device="cpu")
-        results[rank + 2] = agree(ready=True, want_report=False, device="cpu")
-        results[rank + 4] = (any_rank(rank == 1, "cpu"), any_rank(False, "cpu"))
+        got = [
+            agree(ready=rank == 0, want_report=rank == 0, device="cpu"),
+            agree(ready=True, want_report=False, device="cpu"),
+            (any_rank(rank == 1, "cpu"), any_rank(False, "cpu")),
+        ]
     finally:
         dist.destroy_process_group()
+    Path(out, f"{rank}.json").write_text(json.dumps(got))
 
 
-def test_agree_across_two_gloo_ranks() -> None:
-    import socket
-
+def test_agree_across_two_gloo_ranks(tmp_path: Path) -> None:
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.start_processes(
-            _agree_worker, args=(port, results), nprocs=2, join=True, start_method="fork"
-        )
-        got = dict(results)
-    assert got[0] == got[1] == (False, True)  # nobody steps; everyone reports
-    assert got[2] == got[3] == (True, False)
-    assert got[4] == got[5] == (True, False)  # rank 1's stop wish reaches rank 0
+    # spawn, not fork: the session's Ray cluster has threads in this process, and a forked
+    # child can inherit a lock one of them holds. A file store needs no free port.
+    mp.start_processes(
+        _agree_worker,
+        args=(str(tmp_path / "store"), str(tmp_path)),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
+    )
+    got = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
+    assert got[0] == got[1]
+    assert got[0][0] == [False, True]  # nobody steps; everyone reports
+    assert got[0][1] == [True, False]
+    assert got[0][2] == [True, False]  # rank 1's stop wish reaches rank 0
