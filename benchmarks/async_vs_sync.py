@@ -171,8 +171,9 @@ def main() -> None:
             f"{r['idle_frac']:.0%} (steady state {r['steady_idle_frac']:.0%}); optimizer step "
             f"{r['step_time_s']:.1f}s; rollouts {r['rollout_samples_per_s']:.2f} samples/s"
         )
-    # Hiding the training time alone could give at most span / (span - training) over sync;
-    # async also keeps rollouts from draining and refilling around every update.
+    # Perfect overlap of rollouts and training would take the longer of the two: at most
+    # span / max(outside updates, training) over sync, before what async saves on draining and
+    # refilling the rollouts around every update.
     train = sync["step_time_s"] * sync["steps"]
     bound = sync["span_s"] / max(sync["span_s"] - train, train)
     print(

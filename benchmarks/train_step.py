@@ -31,11 +31,11 @@ worker), sampled with psutil.
 By default (``--isolate``) both loops compute on core 0 with one thread, and Ray's processes
 (and this driver) run on the other cores: the layout of a GPU trainer, whose accelerator does
 the math while Ray's control plane uses host CPUs. Measured on the 2-core dev machine: 0.89x,
-0.90x, 0.92x and 0.93x in four runs (per-turn ratios 0.75-1.00). With ``--no-isolate`` (2 threads, shared cores) it was
-0.74x: a local cluster runs ~15 Ray processes (GCS, raylet, agents, Ray Train's controller and
-helpers, Ray Data's coordinators) at about 1% of a core each, and on two cores they preempt the
-two-thread loop; the same plain loop ran at 49-60 samples/s beside the idle cluster and at
-61-83 with it paused.
+0.90x, 0.92x, 0.93x and 0.90x in five runs (per-turn ratios 0.75-1.00). With ``--no-isolate``
+(2 threads, shared cores) it was 0.74x: a local cluster runs ~15 Ray processes (GCS, raylet,
+agents, Ray Train's controller and helpers, Ray Data's coordinators) at about 1% of a core
+each, and on two cores they preempt the two-thread loop; the same plain loop ran at 49-60
+samples/s beside the idle cluster and at 61-83 with it paused.
 
 The last line is ``<ratio>x (target >= 0.85x)``.
 """
@@ -107,8 +107,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.threads is None:
         args.threads = 1 if args.isolate else 2
-    for name in ("window", "turns", "warmup", "threads"):
-        low = 3 if name == "window" else 1
+    for name, low in {"window": 3, "turns": 1, "warmup": 1, "threads": 1}.items():
         if getattr(args, name) < low:
             p.error(f"--{name} must be >= {low}, got {getattr(args, name)}")
     return args
