@@ -40,9 +40,9 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
-from workflows.config import OnlineRLConfig  # noqa: E402
-from workflows.config_io import load_config  # noqa: E402
-from workflows.metrics import read_jsonl  # noqa: E402
+from train_loops.jsonl import read_jsonl  # noqa: E402
+from workflows.common.config_io import load_config  # noqa: E402
+from workflows.online_rl.config import OnlineRLConfig  # noqa: E402
 
 
 def measure(run_dir: Path) -> dict[str, float]:
@@ -73,7 +73,7 @@ def measure(run_dir: Path) -> dict[str, float]:
 
 
 def run_mode(mode: str, args: argparse.Namespace, root: Path, policy: str) -> dict[str, float]:
-    from workflows import rl_job
+    from workflows.online_rl import job as rl_job
 
     overrides = [
         f"runs_dir={root}",
@@ -107,7 +107,7 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path, policy: str) -> di
 
 
 def build_policy(args: argparse.Namespace) -> str:
-    from workflows.tiny_models import TinyModelSpec, tiny_checkpoint
+    from workflows.common.tiny_models import TinyModelSpec, tiny_checkpoint
 
     spec = TinyModelSpec(
         seed=0,

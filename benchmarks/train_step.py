@@ -395,7 +395,7 @@ class Turn:
 def play(
     args: argparse.Namespace, cfg: RLTrainConfig, model_path: str, rows: list[Row]
 ) -> list[Turn]:
-    from workflows.ray_cluster import RayClusterConfig, init_ray, shutdown_ray
+    from workflows.common.ray_cluster import RayClusterConfig, init_ray, shutdown_ray
 
     sps, k = cfg.trainer.samples_per_step, args.window
     plain = PlainLoop(cfg, model_path, rows, args.threads)
@@ -464,7 +464,7 @@ def main(argv: list[str] | None = None) -> None:
 
     model_path = args.model_path
     if model_path is None:
-        from workflows.tiny_models import tiny_checkpoint
+        from workflows.common.tiny_models import tiny_checkpoint
 
         model_path = str(tiny_checkpoint("policy"))
     cfg = config(args)

@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def bench_spec(hidden: int, layers: int):  # -> TinyModelSpec
-    from workflows.tiny_models import TinyModelSpec
+    from workflows.common.tiny_models import TinyModelSpec
 
     return TinyModelSpec(
         hidden_size=hidden,
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     from ray import serve
 
     from serve_apps.weights.registry import kill_registry
-    from workflows.tiny_models import tiny_checkpoint
+    from workflows.common.tiny_models import tiny_checkpoint
 
     path = tiny_checkpoint(
         f"bench-{args.hidden}x{args.layers}", bench_spec(args.hidden, args.layers)

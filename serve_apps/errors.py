@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 
 class RequestError(ValueError):
     """A request the deployment refuses; ``status`` is the HTTP code the endpoint answers with.
@@ -29,3 +31,12 @@ class RequestError(ValueError):
 
 def _rebuild(message: str, status: int, code: str, param: str | None) -> RequestError:
     return RequestError(message, status=status, code=code, param=param)
+
+
+def format_validation(exc: ValidationError) -> str:
+    """A pydantic error as one line: ``field.path: message; ...`` (at most 10 errors)."""
+    parts = []
+    for err in exc.errors()[:10]:
+        where = ".".join(str(p) for p in err["loc"]) or "request"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)

@@ -19,7 +19,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,11 +27,21 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serve_apps.api import GenerateRequest, GenerateResult
-from serve_apps.errors import RequestError
-from serve_apps.server import format_validation
+from serve_apps.errors import RequestError, format_validation
 
-if TYPE_CHECKING:
-    from serve_apps.server import ModelServer
+
+class ModelServer(Protocol):
+    """What the endpoint needs of a replica (``serve_apps.server.ModelServer`` is one); a
+    protocol, so this module does not import the server that builds it."""
+
+    model_name: str
+    backend: Any  # .version: the loaded weights' version
+    encoder: Any  # .tokenizer: decodes sampled token ids
+
+    async def generate_request(self, req: GenerateRequest) -> GenerateResult: ...
+    async def weight_status(self) -> dict[str, Any]: ...
+    async def check_health(self) -> None: ...
+
 
 _DATA_URL = re.compile(r"^data:(image/[\w.+-]+)?(;[\w-]+=[\w.-]+)*;base64,(?P<data>.*)$", re.S)
 

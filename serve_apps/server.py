@@ -27,7 +27,7 @@ from serve_apps.api import (
 from serve_apps.backends import make_backend
 from serve_apps.backends.base import ChatPrompt, Generation, InferenceBackend, Sampling, Scored
 from serve_apps.config import AnalyzerAppConfig, PolicyAppConfig
-from serve_apps.errors import RequestError
+from serve_apps.errors import RequestError, format_validation
 from serve_apps.prompting.inputs import ImageLimits, PromptEncoder
 from serve_apps.weights.follower import WeightFollower, replica_id
 
@@ -167,14 +167,6 @@ def parse_request(model: type[R], request: Any) -> R:
         return model.model_validate(dict(request))
     except ValidationError as exc:
         raise RequestError(f"invalid {model.__name__}: {format_validation(exc)}") from None
-
-
-def format_validation(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:10]:
-        where = ".".join(str(p) for p in err["loc"]) or "request"
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
 
 
 def check_budget(

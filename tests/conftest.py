@@ -19,7 +19,7 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 @pytest.fixture(scope="session")
 def tiny_policy_path() -> Path:
     """A tiny Qwen3-VL checkpoint (built once, cached under $CSD_CACHE)."""
-    from workflows.tiny_models import tiny_checkpoint
+    from workflows.common.tiny_models import tiny_checkpoint
 
     return tiny_checkpoint("policy")
 
@@ -27,7 +27,7 @@ def tiny_policy_path() -> Path:
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
     """One local Ray cluster for the whole session; Serve and Ray shut down at the end."""
-    from workflows.ray_cluster import RayClusterConfig, init_ray, shutdown_ray
+    from workflows.common.ray_cluster import RayClusterConfig, init_ray, shutdown_ray
 
     init_ray(RayClusterConfig(num_cpus=4, object_store_memory_mb=768))
     try:

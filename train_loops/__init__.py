@@ -12,7 +12,8 @@ Module map (nothing is imported here; import the module you need):
 - ``engine``        DeepSpeed config/engine, reference model, full-weight gathering
 - ``checkpoint``    HF-format checkpoints + optimizer/trainer state, resume decisions
 - ``stream``        fixed-size row batches from a (possibly endless) Ray Data shard
-- ``metrics``       cross-rank metric reduction, staleness, the metrics JSONL
+- ``metrics``       cross-rank metric reduction, staleness, metrics/events file names
+- ``jsonl``         the project's one JSON-lines writer and reader
 - ``loop``          the Ray Train worker function shared by RL and SFT
 - ``trainers``      build_rl_trainer / build_sft_trainer → TorchTrainer
 - ``sample_maker``  real step/SFT samples from a checkpoint without an environment

@@ -51,10 +51,10 @@ from train_loops.engine import (
     init_reference,
     load_model,
 )
+from train_loops.jsonl import JsonlWriter
 from train_loops.metrics import (
     EVENTS_FILE,
     METRICS_FILE,
-    JsonlLog,
     mean_of,
     reduce_across_ranks,
     staleness,
@@ -183,8 +183,8 @@ class Loop:
         self.rank = rank
         run_dir = Path(args.run_dir) if rank == 0 else None
         common = {"run": args.run_name, "kind": args.kind}
-        self.metrics_log = JsonlLog(run_dir and run_dir / METRICS_FILE, **common)
-        self.events = JsonlLog(run_dir and run_dir / EVENTS_FILE, **common)
+        self.metrics_log = JsonlWriter(run_dir and run_dir / METRICS_FILE, timestamp=True, **common)
+        self.events = JsonlWriter(run_dir and run_dir / EVENTS_FILE, timestamp=True, **common)
         self.events.write(
             event="start",
             step=self.state.step,
@@ -246,7 +246,7 @@ class Loop:
         sums = {"tokens": float(sum(o.tokens for o in outs)), "samples": float(len(rows))}
         metrics = reduce_across_ranks(means, sums, self.engine.device)
         metrics.update({"train/step": self.state.step, "train/version": self.state.version})
-        self.metrics_log.write(**metrics)
+        self.metrics_log.write(metrics)
         return metrics
 
     def _micro(self, rows: Sequence[Row]) -> MicroStep:

@@ -1,4 +1,4 @@
-"""Step metrics: combined across ranks, staleness of samples, and a JSONL log for drivers.
+"""Step metrics: combined across ranks, staleness of samples, and the files they are logged to.
 
 Keys are namespaced (``loss/…``, ``sd/…``, ``pg/…``, ``policy/…``, ``train/…``,
 ``staleness/…``, ``time/…``) plus the plain ``tokens`` and ``step_time``. Per-micro-batch means
@@ -8,15 +8,13 @@ The rank-0 worker appends one JSON object per optimizer step to
 ``<run_dir>/train_metrics.jsonl`` (the step's metrics plus ``time``, ``run`` and ``kind``), so
 its last line is always the latest step; drivers tail it for progress. Lifecycle events
 (``start`` with what was restored, ``checkpoint``, ``end`` with the reason) go to
-``<run_dir>/train_events.jsonl``. The same step metrics go to ``ray.train.report``.
+``<run_dir>/train_events.jsonl`` (both through :class:`train_loops.jsonl.JsonlWriter`). The same
+step metrics go to ``ray.train.report``.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -75,20 +73,3 @@ def _all_reduce(values: list[float], op: Any, device: torch.device | str) -> lis
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=op)
     return t.tolist()
-
-
-class JsonlLog:
-    """Append-only JSON-lines file; a no-op when ``path`` is None (ranks other than 0)."""
-
-    def __init__(self, path: Path | None, **common: Any):
-        self._path = path
-        self._common = common
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(self, **fields: Any) -> None:
-        if self._path is None:
-            return
-        record = {"time": time.time(), **self._common, **fields}
-        with self._path.open("a") as f:
-            f.write(json.dumps(record) + "\n")

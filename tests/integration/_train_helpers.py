@@ -13,7 +13,7 @@ import torch
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
-from workflows.stream import streaming_blocks
+from workflows.online_rl.stream import streaming_blocks
 
 
 class EndlessSource(Datasource):

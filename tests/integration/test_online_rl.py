@@ -26,10 +26,10 @@ from pathlib import Path
 import pytest
 
 from train_loops.checkpoint import checkpoint_complete
+from train_loops.jsonl import read_jsonl
 from train_loops.schema import read_parquet, validate_sample
-from workflows.config import OnlineRLConfig
-from workflows.config_io import load_config
-from workflows.metrics import read_jsonl
+from workflows.common.config_io import load_config
+from workflows.online_rl.config import OnlineRLConfig
 
 pytestmark = pytest.mark.integration
 
@@ -125,7 +125,7 @@ def _overrides(tmp_path: Path, env_url: str) -> list[str]:
 
 
 def test_async_run_killed_and_resumed(tmp_path: Path, env_server, ray_cluster) -> None:
-    from workflows import rl_job
+    from workflows.online_rl import job as rl_job
 
     run_dir = tmp_path / "it"
     overrides = _overrides(tmp_path, env_server.url)

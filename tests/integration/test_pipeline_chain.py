@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from workflows import annotate, collect, train_analyzer
-from workflows.config import OnlineRLConfig
-from workflows.config_io import load_config
-from workflows.pipeline_config import PipelineConfig
-from workflows.transitions import read_transitions, validate_transition
+from workflows.analyzer import annotate, collect
+from workflows.analyzer import train as train_analyzer
+from workflows.analyzer.transitions import read_transitions, validate_transition
+from workflows.common.config_io import load_config
+from workflows.common.pipeline_config import PipelineConfig
+from workflows.online_rl.config import OnlineRLConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -146,9 +147,9 @@ def _annotate_through_our_openai_endpoint(
     from ray.serve.context import _get_global_client
 
     from serve_apps.analyzer import build_analyzer_app
-    from workflows.pipeline import serve_app
-    from workflows.pipeline_config import AnnotateConfig, OpenAIExpertConfig
-    from workflows.transitions import write_transitions
+    from workflows.analyzer.transitions import write_transitions
+    from workflows.common.pipeline import serve_app
+    from workflows.common.pipeline_config import AnnotateConfig, OpenAIExpertConfig
 
     name = "chain-openai"
     app_cfg = cfg.analyzer.model_copy(

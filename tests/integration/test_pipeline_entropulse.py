@@ -17,10 +17,10 @@ import torch
 from tests.integration._train_helpers import RecordingPublisher, new_publish_log, weights_digest
 from train_loops.checkpoint import TrainerState, resolve_start
 from train_loops.config import OptimConfig, cpu_trainer
+from train_loops.jsonl import JsonlWriter, read_jsonl
 from train_loops.schema import write_parquet
-from workflows.entropulse import EVENTS_FILE, Entropulse
-from workflows.metrics import JsonlWriter, read_jsonl
-from workflows.pipeline_config import EntropulseConfig
+from workflows.online_rl.config import EntropulseConfig
+from workflows.online_rl.entropulse import EVENTS_FILE, Entropulse
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 RL_STEP, RL_VERSION, SFT_STEPS = 5, 5, 3

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from workflows import evaluate
-from workflows.config_io import load_config
-from workflows.pipeline_config import PipelineConfig
+from workflows.common.config_io import load_config
+from workflows.common.pipeline_config import PipelineConfig
+from workflows.evaluation import evaluate
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

@@ -48,7 +48,7 @@ class AnalyzerUnderTest:
 
 @pytest.fixture(scope="module")
 def analyzer(ray_cluster: None) -> Iterator[AnalyzerUnderTest]:
-    from workflows.tiny_models import tiny_checkpoint
+    from workflows.common.tiny_models import tiny_checkpoint
 
     port = serve_http_port()
     cfg = AnalyzerAppConfig(

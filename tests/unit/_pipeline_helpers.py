@@ -98,7 +98,7 @@ def transition(
     episode: str | None = None,
     response: str | None = None,
 ) -> dict[str, Any]:
-    """A transition row of ``workflows.transitions.TRANSITION_SCHEMA``."""
+    """A transition row of ``workflows.analyzer.transitions.TRANSITION_SCHEMA``."""
     text = (
         response if response is not None else (render_response(action) if action.is_valid else "??")
     )

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_schema import make_row
-from workflows.buffer import TrajectoryBuffer
-from workflows.config import BufferConfig
+from workflows.online_rl.buffer import TrajectoryBuffer
+from workflows.online_rl.config import BufferConfig
 
 
 def _group(gid: str, n: int, version: int = 0) -> list[dict]:

@@ -8,7 +8,7 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from workflows.config_io import ConfigError, apply_overrides, load_config, parse_override
+from workflows.common.config_io import ConfigError, apply_overrides, load_config, parse_override
 
 
 class Inner(BaseModel):

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from workflows.config import OnlineRLConfig
-from workflows.config_io import CONFIG_DIR, ConfigError, load_config
+from workflows.common.config_io import CONFIG_DIR, ConfigError, load_config
+from workflows.online_rl.config import OnlineRLConfig
 
 PROD_ENV = {
     "HF_CKPT": "/ckpt/policy",
@@ -95,7 +95,7 @@ def test_every_bundled_file_has_a_header_comment() -> None:
 def test_help_imports_no_heavy_modules() -> None:
     code = (
         "import sys, contextlib, io\n"
-        "from workflows import online_rl\n"
+        "from workflows.online_rl import cli as online_rl\n"
         "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
         "    online_rl.main(['--help'])\n"
         "heavy = [m for m in ('torch', 'ray', 'transformers', 'deepspeed') if m in sys.modules]\n"

@@ -17,18 +17,19 @@ import pytest
 from aiohttp import web
 
 from tests.unit._pipeline_helpers import click_action, click_button_truth, transition
-from workflows.annotate import ANNOTATIONS_FILE, AnnotationLog, annotate, read_annotations
-from workflows.pipeline_config import (
-    AnnotateConfig,
-    OpenAIExpertConfig,
-    OracleExpertConfig,
-    PipelineConfig,
-)
-from workflows.transitions import (
+from train_loops.jsonl import JsonlWriter
+from workflows.analyzer.annotate import ANNOTATIONS_FILE, annotate, read_annotations
+from workflows.analyzer.transitions import (
     TransitionError,
     read_transitions,
     validate_transition,
     write_transitions,
+)
+from workflows.common.pipeline_config import (
+    AnnotateConfig,
+    OpenAIExpertConfig,
+    OracleExpertConfig,
+    PipelineConfig,
 )
 
 OKAY = (24, 73)
@@ -159,9 +160,7 @@ def test_annotation_log_survives_a_line_cut_by_a_kill(tmp_path: Path) -> None:
     path = tmp_path / "a.jsonl"
     path.write_text('{"transition_id": "a", "status": "ok"}\n{"transition_id": "b", "sta')
     assert set(read_annotations(path)) == {"a"}
-    log = AnnotationLog(path)
-    log.write({"transition_id": "c", "status": "rejected"})
-    log.close()
+    JsonlWriter(path).write({"transition_id": "c", "status": "rejected"})
     assert set(read_annotations(path)) == {"a", "c"}
 
 

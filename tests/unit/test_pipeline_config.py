@@ -5,18 +5,17 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from workflows.config import OnlineRLConfig
-from workflows.config_io import load_config
-from workflows.pipeline import parse_cli
-from workflows.pipeline_config import (
+from workflows.common.config_io import load_config
+from workflows.common.pipeline import parse_cli
+from workflows.common.pipeline_config import (
     TRAINED_ANALYZER,
     CollectConfig,
-    EntropulseConfig,
     EvaluateConfig,
     OpenAIExpertConfig,
     OracleExpertConfig,
     PipelineConfig,
 )
+from workflows.online_rl.config import EntropulseConfig, OnlineRLConfig
 
 
 def test_bundled_yaml_loads_with_cpu_defaults() -> None:

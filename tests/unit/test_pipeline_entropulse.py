@@ -10,7 +10,8 @@ from typing import Any
 
 from train_loops.config import OptimConfig, cpu_trainer
 from train_loops.schema import write_parquet
-from workflows.entropulse import (
+from workflows.online_rl.config import EntropulseConfig
+from workflows.online_rl.entropulse import (
     Entropulse,
     EntropulseStop,
     EntropyTracker,
@@ -18,7 +19,6 @@ from workflows.entropulse import (
     should_trigger,
     successful_step_samples,
 )
-from workflows.pipeline_config import EntropulseConfig
 
 
 def metric_line(entropy: float, kind: str = "rl") -> str:

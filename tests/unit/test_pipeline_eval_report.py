@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from workflows.eval_report import aggregate, bar_chart, markdown, run_stats
-from workflows.evaluate import episode_seed
+from workflows.evaluation.evaluate import episode_seed
+from workflows.evaluation.report import aggregate, bar_chart, markdown, run_stats
 
 
 def outcome(ck: str, run: int, task: str, kind: str, success: bool | None) -> dict[str, Any]:
@@ -86,7 +86,7 @@ def test_episode_seeds_are_stable_and_differ_across_runs() -> None:
 
 
 def test_evaluate_cli_takes_repeated_checkpoints(monkeypatch: pytest.MonkeyPatch) -> None:
-    from workflows import evaluate
+    from workflows.evaluation import evaluate
 
     seen: list[Any] = []
     monkeypatch.setattr(evaluate, "run", seen.append)

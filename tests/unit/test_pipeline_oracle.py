@@ -13,8 +13,8 @@ from tests.unit._pipeline_helpers import (
     enter_text_truth,
     transition,
 )
-from workflows.experts import validate_answer
-from workflows.oracle import (
+from workflows.analyzer.experts import validate_answer
+from workflows.analyzer.oracle import (
     OracleError,
     element_at,
     element_names,
@@ -122,7 +122,7 @@ def test_judge_transition_needs_ground_truth_and_answers_valid_json() -> None:
     before, after = click_button_truth(), click_button_truth(done=True, score=1.0)
     row = transition("t1", before, after, click_action(*OKAY, 'Click the "okay" button.'))
     j = judge_transition(row)
-    from workflows.experts import judgment_json
+    from workflows.analyzer.experts import judgment_json
 
     judgment, reason = validate_answer(
         judgment_json(j.consistency, j.effectiveness, j.guide, j.avoid), 400

@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 
 from tests.unit._pipeline_helpers import click_action, click_button_truth, transition
-from workflows.experts import judgment_json
-from workflows.pipeline_config import PipelineConfig
-from workflows.train_analyzer import (
+from workflows.analyzer.experts import judgment_json
+from workflows.analyzer.train import (
     END_OF_TURN,
     Labeled,
     SampleBuilder,
@@ -21,6 +20,7 @@ from workflows.train_analyzer import (
     split_by_episode,
     transition_request,
 )
+from workflows.common.pipeline_config import PipelineConfig
 
 
 def labeled(tid: str, episode: str, c: int, e: int, source: str = "policy") -> Labeled:

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from train_loops.checkpoint import TrainerState, write_manifest
-from workflows.entropulse import EVENTS_FILE
-from workflows.rl_phases import ResumePoint, resume_point, rl_run_name, set_aside
+from workflows.online_rl.entropulse import EVENTS_FILE
+from workflows.online_rl.rl_phases import ResumePoint, resume_point, rl_run_name, set_aside
 
 
 def _checkpoint(run_dir: Path, run: str, kind: str, step: int, version: int) -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workflows.rollout import episode_advantages
+from workflows.online_rl.rollout import episode_advantages
 
 
 @pytest.mark.parametrize(

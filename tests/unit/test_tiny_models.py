@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from workflows.tiny_models import (
+from workflows.common.tiny_models import (
     QWEN_ADDED_TOKENS,
     QWEN_SPECIAL_TOKENS,
     TinyModelSpec,

@@ -20,7 +20,8 @@ from train_loops.checkpoint import (
 )
 from train_loops.config import OptimConfig, TrainerConfig, cpu_trainer
 from train_loops.engine import ds_config, param_groups
-from train_loops.metrics import JsonlLog, mean_of, reduce_across_ranks, staleness
+from train_loops.jsonl import JsonlWriter
+from train_loops.metrics import mean_of, reduce_across_ranks, staleness
 from train_loops.stream import RowStream, agree, any_rank
 
 BASE = TrainerState(kind="rl", world_size=2, zero_stage=2, base_model="/base")
@@ -197,10 +198,10 @@ def test_staleness_and_means() -> None:
 
 
 def test_jsonl_log_appends_records(tmp_path: Path) -> None:
-    log = JsonlLog(tmp_path / "m.jsonl", run="r")
-    log.write(**{"loss/pg": 1.5})
-    log.write(**{"loss/pg": 0.5})
-    JsonlLog(None).write(x=1)  # other ranks: nothing
+    log = JsonlWriter(tmp_path / "m.jsonl", timestamp=True, run="r")
+    log.write({"loss/pg": 1.5})
+    log.write({"loss/pg": 0.5})
+    JsonlWriter(None).write(x=1)  # other ranks: nothing
     records = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert [r["loss/pg"] for r in records] == [1.5, 0.5] and records[0]["run"] == "r"
 

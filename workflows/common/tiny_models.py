@@ -5,7 +5,7 @@ template), loaded by the same ``from_pretrained(path)`` calls that load a real Q
 checkpoint, so every code path above it is the production one. Deterministic from a seed and
 cached on disk: a second call with the same spec returns the existing folder in milliseconds.
 
-    python -m workflows.tiny_models --out ~/.cache/computersd/tiny-policy --seed 0
+    python -m workflows.common.tiny_models --out ~/.cache/computersd/tiny-policy --seed 0
 """
 
 from __future__ import annotations
@@ -19,6 +19,14 @@ import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
+
+TINY_PREFIX = "tiny:"
+
+
+def is_tiny(model_path: str) -> bool:
+    """``tiny:<seed>`` in a model_path asks the job to build (once, cached) a tiny Qwen3-VL."""
+    return model_path.startswith(TINY_PREFIX)
+
 
 # Qwen2/Qwen3 special tokens, in Qwen's order, so ids of the tiny vocabulary line up by name
 # with the real ones (the config's image/vision ids are set from this tokenizer).

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from workflows.config_io import ConfigError, load_config
+from workflows.common.config_io import ConfigError, load_config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -42,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from workflows.config import OnlineRLConfig
+    from workflows.online_rl.config import OnlineRLConfig
 
     try:
         cfg = load_config(OnlineRLConfig, args.config, args.overrides)
@@ -54,11 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         return 0
-    from workflows.rl_job import run  # heavy imports (ray, torch) only after parsing
+    from workflows.online_rl.job import run  # heavy imports (ray, torch) only after parsing
 
     run(cfg)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

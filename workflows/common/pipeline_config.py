@@ -1,10 +1,10 @@
-"""Configs of the GUI-analyzer pipeline (collect → annotate → train), evaluation and Entropulse.
+"""The config of the offline commands: the GUI-analyzer pipeline (collect → annotate → train)
+and evaluation, one file for all four (``workflows/configs/analyzer_pipeline.yaml``).
 
-Pydantic only (no torch/ray), like :mod:`workflows.config`: ``--help``/``--print-config`` and
-tests load fast. One file, ``workflows/configs/analyzer_pipeline.yaml``, configures all four
-commands (``python -m workflows.{collect,annotate,train_analyzer,evaluate}``); each reads its
-own section. :class:`EntropulseConfig` is meant to be composed into the online RL job's config.
-Method: ../shared/METHOD.md §2 (judgments), §6 (analyzer training), §7 (Entropulse), §8 (eval).
+Pydantic only (no torch/ray), like :mod:`workflows.online_rl.config`: ``--help``,
+``--print-config`` and tests load fast. Commands: ``python -m workflows.analyzer.{collect,
+annotate,train}`` and ``python -m workflows.evaluation``; each reads its own section.
+Method: ../shared/METHOD.md §2 (judgments), §6 (analyzer training), §8 (eval).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from env_client.config import EnvClientConfig
 from serve_apps.config import AnalyzerAppConfig, PolicyAppConfig, SamplingConfig
 from train_loops.config import OptimConfig, TrainerConfig, cpu_trainer
-from workflows.ray_cluster import RayClusterConfig
+from workflows.common.ray_cluster import RayClusterConfig
 
 TRAINED_ANALYZER = "auto"
 """``analyzer.model_path: auto`` = the checkpoint ``train_analyzer`` writes for this run."""
@@ -256,35 +256,3 @@ class PipelineConfig(_Strict):
     @property
     def run_dir(self) -> Path:
         return Path(self.runs_dir).expanduser().resolve() / self.run_name
-
-
-class EntropulseConfig(_Strict):
-    """Entropulse (METHOD.md §7): when the policy's token entropy collapses during RL (or on a
-    schedule), a short SFT phase on the successful trajectories so far, then RL resumes."""
-
-    enabled: bool = Field(False, description="Off: RL never pauses for SFT phases.")
-    trigger: Literal["threshold", "schedule"] = Field(
-        "threshold", description="threshold: smoothed entropy below `threshold`; schedule: "
-        "every `every_rl_steps` RL steps.",
-    )  # fmt: skip
-    metric: str = Field("policy/entropy", description="Trainer metric tracked (per RL step).")
-    threshold: float = Field(0.3, ge=0, description="Entropy (nats/token) that triggers a phase.")
-    window: int = Field(5, ge=1, description="RL steps averaged before comparing to threshold.")
-    min_rl_steps: int = Field(
-        10, ge=1, description="RL steps after the start or a phase before the next may trigger."
-    )
-    every_rl_steps: int = Field(100, ge=1, description="Phase period for trigger='schedule'.")
-    max_phases: int | None = Field(None, ge=1, description="Most SFT phases in one run.")
-    sft_steps: int = Field(20, ge=1, description="Optimizer steps of one SFT phase.")
-    lr: float | None = Field(
-        1e-5, gt=0, le=1, description="SFT learning rate; None: the RL optimizer's."
-    )
-    min_samples: int = Field(
-        8, ge=1, description="Fewer successful step samples than this: the phase is skipped."
-    )
-    max_samples: int | None = Field(
-        4096, ge=1, description="Most recent successful step samples used (None: all)."
-    )
-    min_reward: float = Field(
-        0.0, description="Step samples with reward > this are successes (METHOD: r = +1)."
-    )

@@ -1,4 +1,5 @@
-"""Job metrics: one namespaced dict per report, to JSONL, the console, the Ray dashboard and a PNG.
+"""Job metrics: one namespaced dict per report, to the console, the Ray dashboard and a PNG
+(the JSONL file is :class:`train_loops.jsonl.JsonlWriter`).
 
 Keys are namespaced (``env/…``, ``rollout/…``, ``train/…``, ``loss/…``, ``serve/…``); every
 sink takes the same dict, so what the dashboard shows is what the JSONL holds.
@@ -6,35 +7,9 @@ sink takes the same dict, so what the dashboard shows is what the JSONL holds.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-
-class JsonlWriter:
-    """Append-only JSONL; each line is flushed so a killed run keeps what it measured."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(self, record: Mapping[str, Any]) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps(dict(record), default=float) + "\n")
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    path = Path(path)
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by a kill mid-write
-            continue
-    return out
 
 
 class DashboardMetrics:

@@ -4,7 +4,7 @@ then RL resumes from the SFT weights. Library code for the online RL job.
 
 How the RL job uses it::
 
-    from workflows.entropulse import Entropulse
+    from workflows.online_rl.entropulse import Entropulse
 
     pulse = Entropulse(cfg.entropulse, run_dir, cfg.trainer, cfg.optim,
                        metrics=JsonlWriter(run_dir / "metrics.jsonl"))   # before the RL fit
@@ -36,7 +36,7 @@ Note for resuming RL: a checkpoint of another kind restores weights and version 
 step counter (``train_loops.checkpoint.resolve_start``; the job passes its RL step count as
 ``start_step``), and a Ray Train run name that already has checkpoints resumes from its own
 latest one; hence ``next_rl_run_name``, and an interrupted phase's folder is set aside before
-the phase runs again. ``workflows.rl_phases`` drives all of this inside the online RL job.
+the phase runs again. ``workflows.online_rl.rl_phases`` drives all of this inside the online RL job.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from train_loops.config import OptimConfig, SFTTrainConfig, TrainerConfig
-from workflows.pipeline_config import EntropulseConfig
+from train_loops.jsonl import JsonlWriter
+from workflows.online_rl.config import EntropulseConfig
 
 log = logging.getLogger(__name__)
 EVENTS_FILE = "entropulse.jsonl"
@@ -280,7 +281,7 @@ class Entropulse:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.rl_trainer, self.rl_optim = rl_trainer, rl_optim
-        self.metrics = metrics  # anything with .write(dict), e.g. workflows.metrics.JsonlWriter
+        self.metrics = metrics  # anything with .write(dict), e.g. train_loops.jsonl.JsonlWriter
         self.tracker = EntropyTracker(
             self.run_dir / TRAIN_METRICS_FILE, cfg.metric, "rl", from_end=from_end
         )
@@ -335,10 +336,7 @@ class Entropulse:
         }
         if "entropulse/version" in record:
             record["train/version"] = record["entropulse/version"]
-        path = self.run_dir / EVENTS_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        JsonlWriter(self.run_dir / EVENTS_FILE).write(record)
         if self.metrics is not None:
             self.metrics.write(record)
         log.info("%s %s", name, {k: v for k, v in record.items() if k != "event"})

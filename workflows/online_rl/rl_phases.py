@@ -3,7 +3,7 @@
     segment 0 ("rl") ──trigger──► SFT phase 1 ──► segment 1 ("rl-p01") ──trigger──► … ──► max_steps
 
 Each segment is one Ray Train fit over a new epoch of the buffer's stream. Its ``stop_fn``
-(:class:`~workflows.entropulse.EntropulseStop`) applies the trigger rule to every step's
+(:class:`~workflows.online_rl.entropulse.EntropulseStop`) applies the trigger rule to every step's
 metrics inside the loop, so the fit checkpoints and returns at exactly the step a phase is
 due, while rollouts go on; the job then ends the stream epoch (its read tasks stop taking
 rows), runs the SFT phase from that checkpoint, publishing through the same publisher (the
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from train_loops.checkpoint import checkpoint_complete
-from workflows.entropulse import EVENTS_FILE, checkpoint_version
-from workflows.metrics import read_jsonl
+from train_loops.jsonl import read_jsonl
+from workflows.online_rl.entropulse import EVENTS_FILE, checkpoint_version
 
 
 def rl_run_name(phases_done: int) -> str:

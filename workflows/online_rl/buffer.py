@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from train_loops.schema import read_parquet, write_parquet
-from workflows.config import BufferConfig
+from workflows.online_rl.config import BufferConfig
 
 
 class TrajectoryBuffer:

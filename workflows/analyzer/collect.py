@@ -2,12 +2,12 @@
 training tasks, successful and failed, optionally mixed with scripted ones (expert, plausible
 mistakes, and mismatched intention/action), every transition stored.
 
-    python -m workflows.collect                                  # embedded default
-    python -m workflows.collect collect.seeds_per_task=8 collect.expert_episodes=1
+    python -m workflows.analyzer.collect                                  # embedded default
+    python -m workflows.analyzer.collect collect.seeds_per_task=8 collect.expert_episodes=1
 
 The base policy runs as a Serve deployment (``policy`` section; frozen, no weight sync) and
 plays with the rollout workers' prompt; scripted episodes need no Serve app. Output, under
-``<runs_dir>/<run_name>/``: ``transitions/*.parquet`` (schema: ``workflows.transitions``;
+``<runs_dir>/<run_name>/``: ``transitions/*.parquet`` (schema: ``workflows.analyzer.transitions``;
 each shard holds whole episodes) and ``collect_summary.json``. A rerun skips the episodes
 already stored, so an interrupted collection resumes.
 """
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workflows.pipeline import parse_cli
-from workflows.pipeline_config import CollectConfig, PipelineConfig
+from workflows.common.pipeline import parse_cli, select_tasks
+from workflows.common.pipeline_config import CollectConfig, PipelineConfig
 
 TRANSITIONS_DIR = "transitions"
 SUMMARY_FILE = "collect_summary.json"
@@ -39,21 +39,6 @@ class EpisodeJob:
     @property
     def episode_id(self) -> str:
         return f"{self.source}-{self.task['task']}-{self.task['seed']}-{self.index}"
-
-
-def select_tasks(
-    tasks: list[dict[str, Any]], names: list[str] | None, seeds_per_task: int | None
-) -> list[dict[str, Any]]:
-    """The split's task payloads for ``names`` (all if None), the first seeds of each."""
-    if names is not None:
-        unknown = sorted(set(names) - {t["task"] for t in tasks})
-        if unknown:
-            raise ValueError(f"tasks {unknown} are not in the split")
-    kept: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for task in tasks:
-        if names is None or task["task"] in names:
-            kept[task["task"]].append(task)
-    return [t for group in kept.values() for t in group[: seeds_per_task or len(group)]]
 
 
 def episode_jobs(cfg: CollectConfig, tasks: list[dict[str, Any]]) -> list[EpisodeJob]:
@@ -72,7 +57,7 @@ def episode_jobs(cfg: CollectConfig, tasks: list[dict[str, Any]]) -> list[Episod
 
 
 def transition_rows(job: EpisodeJob, result: Any, model: str) -> list[dict[str, Any]]:
-    """An :class:`~workflows.episodes.EpisodeResult` as transition rows."""
+    """An :class:`~workflows.common.episodes.EpisodeResult` as transition rows."""
     now = time.time()
     return [
         {
@@ -122,7 +107,7 @@ class ShardWriter:
             self.flush()
 
     def flush(self) -> None:
-        from workflows.transitions import write_transitions
+        from workflows.analyzer.transitions import write_transitions
 
         if self.rows:
             name = f"part-{time.time_ns()}-{self.shards:05d}.parquet"
@@ -177,7 +162,7 @@ def _is_no_plan(exc: BaseException) -> bool:
 
 
 def stored_episodes(folder: Path) -> set[str]:
-    from workflows.transitions import read_transitions, shard_paths
+    from workflows.analyzer.transitions import read_transitions, shard_paths
 
     if not folder.is_dir() or not shard_paths(folder):
         return set()
@@ -186,8 +171,8 @@ def stored_episodes(folder: Path) -> set[str]:
 
 def _agent_factory(cfg: PipelineConfig, handle: Any) -> Callable[[EpisodeJob], Any]:
     from env_client.scripted import solve, wrong
-    from workflows.episodes import PolicyAgent, ScriptedAgent
-    from workflows.oracle import mismatch_plan
+    from workflows.analyzer.oracle import mismatch_plan
+    from workflows.common.episodes import PolicyAgent, ScriptedAgent
 
     planners = {"expert": solve, "wrong": wrong, "mismatch": mismatch_plan}
 
@@ -231,7 +216,7 @@ async def _play_all(
     tally: Tally,
 ) -> None:
     from env_client.client import EnvClient
-    from workflows.episodes import play_episode, play_with_retries, run_bounded
+    from workflows.common.episodes import play_episode, play_with_retries, run_bounded
 
     c = cfg.collect
     async with EnvClient(cfg.env.model_copy(update={"server_url": env_url})) as client:
@@ -257,7 +242,7 @@ async def _play_all(
 
 def run(cfg: PipelineConfig) -> dict[str, Any]:
     """Collect with the embedded (or configured) environment and, if needed, the policy app."""
-    from workflows.pipeline import environment, write_json
+    from workflows.common.pipeline import environment, write_json
 
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -279,7 +264,7 @@ def run(cfg: PipelineConfig) -> dict[str, Any]:
 
 def _with_policy(cfg: PipelineConfig, env_url: str, todo: list[EpisodeJob]) -> dict[str, Any]:
     from serve_apps.policy import build_policy_app
-    from workflows.pipeline import (
+    from workflows.common.pipeline import (
         frozen_policy,
         ray_session,
         resolve_model_path,
@@ -310,7 +295,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parsed = parse_cli("python -m workflows.collect", __doc__, argv)
+    parsed = parse_cli("python -m workflows.analyzer.collect", __doc__, argv)
     if isinstance(parsed, int):
         return parsed
     run(parsed[0])

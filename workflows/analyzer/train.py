@@ -2,8 +2,8 @@
 annotations, then its agreement with held-out annotations, judged through the real analyzer
 deployment.
 
-    python -m workflows.train_analyzer                                # embedded default
-    python -m workflows.train_analyzer --eval-only analyzer.model_path=/ckpt/other-analyzer
+    python -m workflows.analyzer.train                                # embedded default
+    python -m workflows.analyzer.train --eval-only analyzer.model_path=/ckpt/other-analyzer
 
 Steps: join ``transitions/*.parquet`` with the valid records of ``annotations.jsonl``; hold out
 ``train.holdout_frac`` of the *episodes* (steps of one episode never straddle the split); build
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workflows.pipeline import parse_cli
-from workflows.pipeline_config import TRAINED_ANALYZER, PipelineConfig
+from workflows.common.pipeline import parse_cli
+from workflows.common.pipeline_config import TRAINED_ANALYZER, PipelineConfig
 
 MODEL_DIR = "analyzer_model"
 SFT_RUN = "analyzer_sft"
@@ -56,13 +56,15 @@ class Labeled:
 
 
 def load_labeled(run_dir: Path) -> list[Labeled]:
-    from workflows.annotate import ANNOTATIONS_FILE, read_annotations
-    from workflows.transitions import read_transitions
+    from workflows.analyzer.annotate import ANNOTATIONS_FILE, read_annotations
+    from workflows.analyzer.transitions import read_transitions
 
     notes = read_annotations(run_dir / ANNOTATIONS_FILE)
     ok = {k: v for k, v in notes.items() if v.get("status") == "ok"}
     if not ok:
-        raise FileNotFoundError(f"no valid annotations in {run_dir}: run workflows.annotate")
+        raise FileNotFoundError(
+            f"no valid annotations in {run_dir}: run workflows.analyzer.annotate"
+        )
     rows = read_transitions(run_dir / "transitions")
     return [Labeled(r, ok[r["transition_id"]]) for r in rows if r["transition_id"] in ok]
 
@@ -192,7 +194,7 @@ def export_model(checkpoint: Path, out: Path, info: Mapping[str, Any]) -> Path:
 
 async def judge_all(handle: Any, items: Sequence[Labeled], concurrency: int) -> list[dict]:
     """The deployment's judgments of ``items`` (same order)."""
-    from workflows.episodes import run_bounded
+    from workflows.common.episodes import run_bounded
 
     jobs = [lambda it=it: handle.analyze.remote(transition_request(it.transition)) for it in items]
     out: list[dict[str, Any]] = [{} for _ in items]
@@ -273,7 +275,7 @@ def _token_stats(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
 
 def train(cfg: PipelineConfig, train_set: list[Labeled]) -> tuple[Path, dict[str, Any]]:
     """SFT samples → fit → exported analyzer folder; (folder, training info)."""
-    from workflows.pipeline import resolve_model_path
+    from workflows.common.pipeline import resolve_model_path
 
     base = resolve_model_path(cfg.train.base_model or cfg.policy.model_path, "policy")
     builder = SampleBuilder(base, cfg.analyzer.full_system_prompt, cfg.train.target_prefix)
@@ -304,7 +306,7 @@ def train(cfg: PipelineConfig, train_set: list[Labeled]) -> tuple[Path, dict[str
 def evaluate_analyzer(cfg: PipelineConfig, model_path: str, holdout: list[Labeled]) -> list[dict]:
     """Deploy the analyzer (the RL job's app) and judge the held-out transitions."""
     from serve_apps.analyzer import build_analyzer_app
-    from workflows.pipeline import serve_app, start_serve
+    from workflows.common.pipeline import serve_app, start_serve
 
     name = f"{cfg.run_name}-analyzer"
     app_cfg = cfg.analyzer.model_copy(
@@ -316,7 +318,7 @@ def evaluate_analyzer(cfg: PipelineConfig, model_path: str, holdout: list[Labele
 
 
 def run(cfg: PipelineConfig, eval_only: bool = False) -> dict[str, Any]:
-    from workflows.pipeline import ray_session, resolve_model_path, write_json
+    from workflows.common.pipeline import ray_session, resolve_model_path, write_json
 
     labeled = load_labeled(cfg.run_dir)
     train_set, holdout = split_by_episode(labeled, cfg.train.holdout_frac, cfg.seed)
@@ -353,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             help="skip training; report the agreement of analyzer.model_path",
         )
 
-    parsed = parse_cli("python -m workflows.train_analyzer", __doc__, argv, extra)
+    parsed = parse_cli("python -m workflows.analyzer.train", __doc__, argv, extra)
     if isinstance(parsed, int):
         return parsed
     cfg, args = parsed

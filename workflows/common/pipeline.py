@@ -1,8 +1,8 @@
-"""Plumbing shared by the analyzer-pipeline commands (collect, annotate, train_analyzer,
-evaluate): the command line, model paths, the environment service, Ray and Serve apps.
+"""Plumbing shared by the offline commands (analyzer collect, annotate, train; evaluation):
+the command line, model paths, task selection, the environment service, Ray and Serve apps.
 
 Every command reads ``workflows/configs/analyzer_pipeline.yaml`` (or ``--config FILE``) plus
-``key.sub=value`` overrides into :class:`~workflows.pipeline_config.PipelineConfig`; heavy
+``key.sub=value`` overrides into :class:`~workflows.common.pipeline_config.PipelineConfig`; heavy
 imports (ray, torch) happen only after the config validated.
 """
 
@@ -12,15 +12,16 @@ import argparse
 import contextlib
 import json
 import sys
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from env_client.config import EnvClientConfig
 from serve_apps.config import PolicyAppConfig
-from workflows.config import TINY_PREFIX, is_tiny
-from workflows.config_io import ConfigError, load_config
-from workflows.pipeline_config import PipelineConfig
+from workflows.common.config_io import ConfigError, load_config
+from workflows.common.pipeline_config import PipelineConfig
+from workflows.common.tiny_models import TINY_PREFIX, is_tiny
 
 DEFAULT_CONFIG = "analyzer_pipeline"
 # Per-request access logs would drown the commands' output; they stay in Ray's log files.
@@ -64,10 +65,25 @@ def resolve_model_path(path: str, name: str = "policy") -> str:
     offline on first use; ``tiny:0`` as ``policy`` is the RL job's base policy)."""
     if not is_tiny(path):
         return str(Path(path).expanduser().resolve())
-    from workflows.tiny_models import TinyModelSpec, tiny_checkpoint
+    from workflows.common.tiny_models import TinyModelSpec, tiny_checkpoint
 
     seed = int(path[len(TINY_PREFIX) :] or 0)
     return str(tiny_checkpoint(name, TinyModelSpec(seed=seed)))
+
+
+def select_tasks(
+    tasks: list[dict[str, Any]], names: list[str] | None, seeds_per_task: int | None
+) -> list[dict[str, Any]]:
+    """The split's task payloads for ``names`` (all if None), the first seeds of each."""
+    if names is not None:
+        unknown = sorted(set(names) - {t["task"] for t in tasks})
+        if unknown:
+            raise ValueError(f"tasks {unknown} are not in the split")
+    kept: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for task in tasks:
+        if names is None or task["task"] in names:
+            kept[task["task"]].append(task)
+    return [t for group in kept.values() for t in group[: seeds_per_task or len(group)]]
 
 
 @contextlib.contextmanager
@@ -88,7 +104,7 @@ def ray_session(cfg: PipelineConfig) -> Iterator[None]:
     """Join or start Ray for the command; shut it down only if we started it."""
     import ray
 
-    from workflows.ray_cluster import init_ray, shutdown_ray
+    from workflows.common.ray_cluster import init_ray, shutdown_ray
 
     started = not ray.is_initialized()
     init_ray(cfg.ray)

@@ -1,11 +1,11 @@
 """Annotate every collected transition with the analyzer JSON (METHOD.md §2 and §6.2).
 
-    python -m workflows.annotate                         # oracle expert (embedded default)
-    OPENAI_API_KEY=sk-... python -m workflows.annotate annotate.expert.type=openai \\
+    python -m workflows.analyzer.annotate                         # oracle expert (embedded default)
+    OPENAI_API_KEY=sk-... python -m workflows.analyzer.annotate annotate.expert.type=openai \\
         annotate.expert.base_url=https://host/v1 annotate.expert.model=some-vlm
 
-Reads ``<run_dir>/transitions/*.parquet`` (from ``workflows.collect``), asks the configured
-expert (``workflows.experts``), validates each answer with the analyzer deployment's parser
+Reads ``<run_dir>/transitions/*.parquet`` (from ``workflows.analyzer.collect``), asks the configured
+expert (``workflows.analyzer.experts``), validates each answer with the analyzer deployment's parser
 and appends one JSON line per transition to ``<run_dir>/annotations.jsonl`` (flushed line by
 line: a killed run loses at most the answers in flight). A rerun skips transitions already
 annotated (and, unless ``annotate.retry_rejects``, those rejected); expert errors (retries
@@ -15,7 +15,6 @@ exhausted) are not written, so a rerun asks again. Counts go to ``annotate_summa
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 from collections import Counter, defaultdict
@@ -23,8 +22,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from workflows.pipeline import parse_cli
-from workflows.pipeline_config import PipelineConfig
+from train_loops.jsonl import JsonlWriter, iter_jsonl
+from workflows.common.pipeline import parse_cli
+from workflows.common.pipeline_config import PipelineConfig
 
 ANNOTATIONS_FILE = "annotations.jsonl"
 SUMMARY_FILE = "annotate_summary.json"
@@ -32,46 +32,12 @@ SUMMARY_FILE = "annotate_summary.json"
 
 def read_annotations(path: Path) -> dict[str, dict[str, Any]]:
     """The last record per transition id; lines cut by a kill are ignored."""
-    out: dict[str, dict[str, Any]] = {}
-    if not path.exists():
-        return out
-    with path.open() as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict) and "transition_id" in rec:
-                out[rec["transition_id"]] = rec
-    return out
-
-
-class AnnotationLog:
-    """Append-only JSONL; every line is flushed on its own. A partial last line (a kill
-    mid-write) is terminated first so the next record starts on its own line."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() and path.stat().st_size:
-            with path.open("rb") as f:
-                f.seek(-1, 2)
-                needs_newline = f.read(1) != b"\n"
-            if needs_newline:
-                with path.open("a") as f:
-                    f.write("\n")
-        self.file = path.open("a")
-
-    def write(self, record: Mapping[str, Any]) -> None:
-        self.file.write(json.dumps(dict(record), ensure_ascii=False) + "\n")
-        self.file.flush()
-
-    def close(self) -> None:
-        self.file.close()
+    return {rec["transition_id"]: rec for rec in iter_jsonl(path) if "transition_id" in rec}
 
 
 async def annotate_one(expert: Any, t: Mapping[str, Any], max_text_chars: int) -> dict[str, Any]:
     """Ask the expert (again when an answer does not validate); an ok or rejected record."""
-    from workflows.experts import ExpertError, judgment_json, validate_answer
+    from workflows.analyzer.experts import ExpertError, judgment_json, validate_answer
 
     t0 = time.perf_counter()
     base = {
@@ -117,25 +83,27 @@ def _todo(
 
 
 def _shards(folder: Path) -> Iterator[Path]:
-    from workflows.transitions import shard_paths
+    from workflows.analyzer.transitions import shard_paths
 
     paths = shard_paths(folder)
     if not paths:
-        raise FileNotFoundError(f"no transitions in {folder}: run python -m workflows.collect")
+        raise FileNotFoundError(
+            f"no transitions in {folder}: run python -m workflows.analyzer.collect"
+        )
     yield from paths
 
 
 async def annotate(cfg: PipelineConfig, expert: Any | None = None) -> dict[str, Any]:
     """Annotate what is left; returns the summary (also written as JSON)."""
-    from workflows.episodes import run_bounded
-    from workflows.experts import ExpertError, make_expert
-    from workflows.transitions import read_transitions
+    from workflows.analyzer.experts import ExpertError, make_expert
+    from workflows.analyzer.transitions import read_transitions
+    from workflows.common.episodes import run_bounded
 
     a = cfg.annotate
     out_path = cfg.run_dir / ANNOTATIONS_FILE
     done = read_annotations(out_path)
     expert = expert or make_expert(a.expert)
-    log, now = AnnotationLog(out_path), Counter[str]()
+    log, now = JsonlWriter(out_path), Counter[str]()
     errors: list[str] = []
     ids: set[str] = set()
     budget = a.limit
@@ -158,7 +126,6 @@ async def annotate(cfg: PipelineConfig, expert: Any | None = None) -> dict[str, 
                 done[todo[i]["transition_id"]] = res
                 now[res["status"]] += 1
     finally:
-        log.close()
         await expert.close()
     final = {tid: rec for tid, rec in done.items() if tid in ids}
     return summarize(final, len(ids), now, errors, getattr(expert, "stats", {}))
@@ -196,7 +163,7 @@ def summarize(
 
 
 def run(cfg: PipelineConfig) -> dict[str, Any]:
-    from workflows.pipeline import write_json
+    from workflows.common.pipeline import write_json
 
     t0 = time.time()
     summary = asyncio.run(annotate(cfg))
@@ -219,7 +186,7 @@ def format_summary(s: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parsed = parse_cli("python -m workflows.annotate", __doc__, argv)
+    parsed = parse_cli("python -m workflows.analyzer.annotate", __doc__, argv)
     if isinstance(parsed, int):
         return parsed
     summary = run(parsed[0])

@@ -1,8 +1,8 @@
 """Evaluate policies (METHOD.md §8): Pass@1 over an eval split, independent runs, several
 checkpoints compared in one report.
 
-    python -m workflows.evaluate                                   # embedded default
-    python -m workflows.evaluate --checkpoint base=tiny:0 \\
+    python -m workflows.evaluation                                   # embedded default
+    python -m workflows.evaluation --checkpoint base=tiny:0 \\
         --checkpoint rl=runs/embedded/rl/checkpoint_rl_000006 evaluate.runs=3
 
 Each checkpoint is deployed in turn as a frozen policy Serve app and plays every task instance
@@ -22,8 +22,8 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from workflows.pipeline import parse_cli
-from workflows.pipeline_config import CheckpointSpec, PipelineConfig
+from workflows.common.pipeline import parse_cli
+from workflows.common.pipeline_config import CheckpointSpec, PipelineConfig
 
 EXPERT = "scripted-expert"
 
@@ -35,7 +35,7 @@ def episode_seed(base: int, run: int, task_id: str) -> int:
 
 def eval_tasks(cfg: PipelineConfig) -> list[dict[str, Any]]:
     from env_client.tasks import load_tasks
-    from workflows.collect import select_tasks
+    from workflows.common.pipeline import select_tasks
 
     e = cfg.evaluate
     return select_tasks(load_tasks(e.split), e.tasks, e.seeds_per_task)
@@ -50,7 +50,7 @@ async def play_runs(
 ) -> list[dict[str, Any]]:
     """Every (run, task) episode of one checkpoint → outcome dicts."""
     from env_client.client import EnvClient
-    from workflows.episodes import play_episode, play_with_retries, run_bounded
+    from workflows.common.episodes import play_episode, play_with_retries, run_bounded
 
     e = cfg.evaluate
     pairs = [(r, t) for r in range(e.runs) for t in tasks]
@@ -92,8 +92,8 @@ def evaluate_checkpoint(
 ) -> list[dict[str, Any]]:
     """Deploy one checkpoint as a frozen policy app, play all runs, remove the app."""
     from serve_apps.policy import build_policy_app
-    from workflows.episodes import PolicyAgent
-    from workflows.pipeline import frozen_policy, resolve_model_path, serve_app
+    from workflows.common.episodes import PolicyAgent
+    from workflows.common.pipeline import frozen_policy, resolve_model_path, serve_app
 
     index = [c.name for c in cfg.evaluate.checkpoints].index(spec.name)
     name = f"{cfg.run_name}-eval-{index}"
@@ -115,7 +115,7 @@ def evaluate_expert(
     cfg: PipelineConfig, env_url: str, tasks: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     from env_client.scripted import solve
-    from workflows.episodes import ScriptedAgent
+    from workflows.common.episodes import ScriptedAgent
 
     return asyncio.run(
         play_runs(cfg, env_url, EXPERT, lambda r, t: ScriptedAgent(EXPERT, solve), tasks)
@@ -123,8 +123,8 @@ def evaluate_expert(
 
 
 def run(cfg: PipelineConfig) -> dict[str, Any]:
-    from workflows.eval_report import aggregate, bar_chart, markdown
-    from workflows.pipeline import environment, ray_session, start_serve, write_json
+    from workflows.common.pipeline import environment, ray_session, start_serve, write_json
+    from workflows.evaluation.report import aggregate, bar_chart, markdown
 
     e = cfg.evaluate
     out_dir = cfg.run_dir / e.out_name
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             help="a checkpoint to evaluate (repeat; replaces evaluate.checkpoints)",
         )
 
-    parsed = parse_cli("python -m workflows.evaluate", __doc__, argv, extra)
+    parsed = parse_cli("python -m workflows.evaluation", __doc__, argv, extra)
     if isinstance(parsed, int):
         return parsed
     cfg, args = parsed
@@ -184,7 +184,3 @@ def main(argv: list[str] | None = None) -> int:
         cfg = PipelineConfig.model_validate(data)
     run(cfg)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
-CONFIG_DIR = Path(__file__).parent / "configs"
+CONFIG_DIR = Path(__file__).parent.parent / "configs"
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -98,12 +98,16 @@ def expand_env(data: Any) -> Any:
     return out
 
 
-def format_validation_error(exc: ValidationError, data: dict[str, Any], source: str) -> str:
+def format_validation_error(
+    exc: ValidationError, data: dict[str, Any], source: str, model: type[BaseModel] | None = None
+) -> str:
     lines = [f"config error in {source}:"]
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "<root>"
         if err["type"] == "extra_forbidden":
-            lines.append(f"  {loc}: unknown field (check the spelling; see --help-config)")
+            allowed = _fields_at(model, err["loc"][:-1]) if model else None
+            hint = f"allowed here: {', '.join(allowed)}" if allowed else "check the spelling"
+            lines.append(f"  {loc}: unknown field ({hint}; --print-config shows all values)")
             continue
         shown = "<missing>" if err["type"] == "missing" else repr(err.get("input"))
         lines.append(f"  {loc} = {shown}: {err['msg']}")
@@ -130,7 +134,19 @@ def load_config(model: type[M], path: str | Path | None = None, overrides: Seque
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, data, source)) from None
+        raise ConfigError(format_validation_error(exc, data, source, model)) from None
+
+
+def _fields_at(model: type[BaseModel], loc: Sequence[Any]) -> list[str] | None:
+    """Field names of the (nested) config model at ``loc``; None where it is not a model."""
+    current: Any = model
+    for part in loc:
+        fields = getattr(current, "model_fields", None)
+        if fields is None or part not in fields:
+            return None
+        current = fields[part].annotation
+    fields = getattr(current, "model_fields", None)
+    return sorted(fields) if fields is not None else None
 
 
 def dump_config(cfg: BaseModel, path: str | Path) -> Path:

@@ -1,11 +1,11 @@
 """Experts that label transitions with the analyzer JSON of METHOD.md §2, behind one interface.
 
 ``await expert.judge(transition) -> str`` returns the expert's raw answer for one transition
-row (``workflows.transitions``); :func:`validate_answer` parses it with the analyzer
+row (``workflows.analyzer.transitions``); :func:`validate_answer` parses it with the analyzer
 deployment's own parser (``serve_apps.judgment``) and accepts it only if both verdicts are
 present and the texts are usable. Two experts:
 
-- :class:`OracleExpert`: the embedded environment's ground truth (``workflows.oracle``).
+- :class:`OracleExpert`: the embedded environment's ground truth (``workflows.analyzer.oracle``).
 - :class:`OpenAIExpert`: any OpenAI-compatible chat endpoint (``POST {base_url}/chat/
   completions``) with the analyzer prompt and both screenshots as ``image_url`` data URLs; at
   most ``concurrency`` requests in flight; 408/409/429/5xx answers and transport errors are
@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from serve_apps.judgment import Judgment, combine_votes
 from serve_apps.prompting.analyzer import analyzer_messages
-from workflows.pipeline_config import ExpertConfig, OpenAIExpertConfig
+from workflows.common.pipeline_config import ExpertConfig, OpenAIExpertConfig
 
 log = logging.getLogger(__name__)
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -116,7 +116,7 @@ class OracleExpert:
     invalid_retries = 0
 
     async def judge(self, transition: Mapping[str, Any]) -> str:
-        from workflows.oracle import OracleError, judge_transition
+        from workflows.analyzer.oracle import OracleError, judge_transition
 
         try:
             j = judge_transition(transition)

@@ -1,4 +1,5 @@
-"""Playing single episodes for the analyzer pipeline and evaluation (no training signals).
+"""Playing single episodes for the analyzer pipeline and evaluation (no training signals), and
+the one retry rule for episodes that every job uses.
 
 An :class:`Agent` answers each step with a response text: :class:`PolicyAgent` asks a policy
 Serve deployment (the same prompt as the rollout workers: ``agent_messages``, last H screens,
@@ -226,15 +227,22 @@ def _dump(truth: dict[str, Any] | None) -> str | None:
 
 
 async def play_with_retries(
-    play: Callable[[], Awaitable[EpisodeResult]], retries: int, what: str
-) -> EpisodeResult:
-    """``play()`` again on environment failures (a fresh session each time)."""
+    play: Callable[[], Awaitable[T]],
+    retries: int,
+    what: str,
+    on_retry: Callable[[EnvError], None] | None = None,
+) -> T:
+    """``play()`` again on environment failures (a fresh session each time, backoff 1, 2, 4…
+    10 s); the last failure is raised. ``on_retry`` sees each failure that is retried. The one
+    retry rule of every job that plays episodes (collect, evaluate, the rollout workers)."""
     for attempt in range(retries + 1):
         try:
             return await play()
         except EnvError as exc:
             if attempt >= retries:
                 raise
+            if on_retry is not None:
+                on_retry(exc)
             log.warning("%s: environment failure (%s); retry %d", what, exc, attempt + 1)
             await asyncio.sleep(min(2.0**attempt, 10.0))
     raise AssertionError("unreachable")

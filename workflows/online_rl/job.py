@@ -2,7 +2,7 @@
 
 ``run(cfg)`` starts (or connects to) each part, trains until ``trainer.max_steps``, then shuts
 everything down in reverse order — also on Ctrl-C / ``ray job stop`` — releasing every
-environment session. See ``workflows/online_rl.py`` for the command line.
+environment session. See ``workflows/online_rl/cli.py`` for the command line.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from workflows.config import OnlineRLConfig, is_tiny
-from workflows.config_io import dump_config
-from workflows.metrics import (
+from train_loops.jsonl import JsonlWriter, read_jsonl
+from workflows.common.config_io import dump_config
+from workflows.common.tiny_models import is_tiny
+from workflows.online_rl.config import OnlineRLConfig
+from workflows.online_rl.metrics import (
     DashboardMetrics,
-    JsonlWriter,
     learning_curve_png,
     progress_line,
-    read_jsonl,
     tree_memory_gb,
 )
 
@@ -169,8 +169,8 @@ def run(cfg: OnlineRLConfig) -> dict[str, Any]:
     """Run the job to completion; returns the last metrics record."""
     import ray
 
-    from workflows.ray_cluster import init_ray, shutdown_ray
-    from workflows.rl_phases import set_aside
+    from workflows.common.ray_cluster import init_ray, shutdown_ray
+    from workflows.online_rl.rl_phases import set_aside
 
     run_dir = cfg.run_dir
     earlier = None if cfg.resume else set_aside(run_dir)
@@ -224,7 +224,7 @@ def _resolved_models(cfg: OnlineRLConfig, resume_dir: Path | None, version: int)
 def _model_path(path: str, name: str) -> str:
     if not is_tiny(path):
         return str(Path(path).expanduser())
-    from workflows.tiny_models import TinyModelSpec, tiny_checkpoint
+    from workflows.common.tiny_models import TinyModelSpec, tiny_checkpoint
 
     seed = int(path[len("tiny:") :] or 0)
     return str(tiny_checkpoint(name, TinyModelSpec(seed=seed)))
@@ -266,9 +266,9 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
     import ray
 
     from env_client.tasks import load_tasks
-    from workflows.buffer import TrajectoryBuffer
-    from workflows.rl_phases import ResumePoint, resume_point
-    from workflows.rollout import RolloutWorker
+    from workflows.online_rl.buffer import TrajectoryBuffer
+    from workflows.online_rl.rl_phases import ResumePoint, resume_point
+    from workflows.online_rl.rollout import RolloutWorker
 
     t_start = time.time()
     run_dir = cfg.run_dir
@@ -348,19 +348,19 @@ def _train(
     base_policy: str,
     buffer: Any,
     publisher: Publisher,
-    point: Any,  # workflows.rl_phases.ResumePoint
+    point: Any,  # workflows.online_rl.rl_phases.ResumePoint
     monitor: Monitor,
 ) -> int:
     """RL segments until ``trainer.max_steps`` RL steps, an Entropulse SFT phase between two
-    segments whenever the loop's ``EntropulseStop`` ends one (see ``workflows.rl_phases``).
+    segments whenever the loop's ``EntropulseStop`` ends one (see ``workflows.online_rl.rl_phases``).
     Returns the RL steps done."""
     import ray
 
     from train_loops.config import RLTrainConfig
     from train_loops.trainers import build_rl_trainer
-    from workflows.entropulse import Entropulse, EntropulseStop, Trigger
-    from workflows.rl_phases import ResumePoint, end_reason
-    from workflows.stream import buffer_dataset
+    from workflows.online_rl.entropulse import Entropulse, EntropulseStop, Trigger
+    from workflows.online_rl.rl_phases import ResumePoint, end_reason
+    from workflows.online_rl.stream import buffer_dataset
 
     pulse = Entropulse(cfg.entropulse, cfg.run_dir, cfg.trainer, cfg.optim, metrics=monitor.jsonl)
     monitor.extra["entropulse/phases"] = float(pulse.phases)

@@ -1,7 +1,7 @@
 """The transition: one executed step of a collected episode, as the analyzer pipeline stores it.
 
-Written by ``workflows.collect`` as Parquet shards under ``<run_dir>/transitions/``, read by
-``workflows.annotate`` (what the expert judges) and ``workflows.train_analyzer`` (SFT prompts).
+Written by ``workflows.analyzer.collect`` as Parquet shards under ``<run_dir>/transitions/``, read by
+``workflows.analyzer.annotate`` (what the expert judges) and ``workflows.analyzer.train`` (SFT prompts).
 Pyarrow only. Field meanings:
 
 - ``history``: one-line summaries of the earlier responses (``summarize_response``), exactly

@@ -1,4 +1,4 @@
-"""Pass@1 aggregation and reports of ``workflows.evaluate`` (pure Python + matplotlib).
+"""Pass@1 aggregation and reports of ``workflows.evaluation.evaluate`` (pure Python + matplotlib).
 
 Input: one outcome per (checkpoint, run, task instance): ``{"checkpoint", "run", "task_id",
 "task_name", "kind", "success", "score", "steps", "error"}``; ``success`` is None when the

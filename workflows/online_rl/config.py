@@ -1,7 +1,7 @@
-"""Configs of the jobs in ``workflows`` (pydantic; no torch/ray imports, so ``--help`` is fast).
+"""The online RL job's config (pydantic; no torch/ray imports, so ``--help`` is fast).
 
 Each component owns its config model in its own package; the job config composes them. Files
-live in ``workflows/configs/`` and are loaded by :func:`workflows.config_io.load_config`.
+live in ``workflows/configs/`` and are loaded by :func:`workflows.common.config_io.load_config`.
 """
 
 from __future__ import annotations
@@ -14,20 +14,43 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from env_client.config import EnvClientConfig
 from serve_apps.config import AnalyzerAppConfig, PolicyAppConfig
 from train_loops.config import LossConfig, OptimConfig, TrainerConfig
-from workflows.pipeline_config import EntropulseConfig
-from workflows.ray_cluster import RayClusterConfig
+from workflows.common.ray_cluster import RayClusterConfig
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-TINY_PREFIX = "tiny:"
+class EntropulseConfig(_Strict):
+    """Entropulse (METHOD.md §7): when the policy's token entropy collapses during RL (or on a
+    schedule), a short SFT phase on the successful trajectories so far, then RL resumes."""
 
-
-def is_tiny(model_path: str) -> bool:
-    """``tiny:<seed>`` in a model_path asks the job to build (once, cached) a tiny Qwen3-VL."""
-    return model_path.startswith(TINY_PREFIX)
+    enabled: bool = Field(False, description="Off: RL never pauses for SFT phases.")
+    trigger: Literal["threshold", "schedule"] = Field(
+        "threshold", description="threshold: smoothed entropy below `threshold`; schedule: "
+        "every `every_rl_steps` RL steps.",
+    )  # fmt: skip
+    metric: str = Field("policy/entropy", description="Trainer metric tracked (per RL step).")
+    threshold: float = Field(0.3, ge=0, description="Entropy (nats/token) that triggers a phase.")
+    window: int = Field(5, ge=1, description="RL steps averaged before comparing to threshold.")
+    min_rl_steps: int = Field(
+        10, ge=1, description="RL steps after the start or a phase before the next may trigger."
+    )
+    every_rl_steps: int = Field(100, ge=1, description="Phase period for trigger='schedule'.")
+    max_phases: int | None = Field(None, ge=1, description="Most SFT phases in one run.")
+    sft_steps: int = Field(20, ge=1, description="Optimizer steps of one SFT phase.")
+    lr: float | None = Field(
+        1e-5, gt=0, le=1, description="SFT learning rate; None: the RL optimizer's."
+    )
+    min_samples: int = Field(
+        8, ge=1, description="Fewer successful step samples than this: the phase is skipped."
+    )
+    max_samples: int | None = Field(
+        4096, ge=1, description="Most recent successful step samples used (None: all)."
+    )
+    min_reward: float = Field(
+        0.0, description="Step samples with reward > this are successes (METHOD: r = +1)."
+    )
 
 
 class RolloutConfig(_Strict):

@@ -26,7 +26,8 @@ from serve_apps.prompting.messages import (
     privileged_messages,
     summarize_response,
 )
-from workflows.config import OnlineRLConfig
+from workflows.common.episodes import play_with_retries
+from workflows.online_rl.config import OnlineRLConfig
 
 NO_JUDGMENT = {
     "consistency": None,
@@ -170,14 +171,20 @@ class RolloutWorker:
         return rows, sum(r > 0 for r in rewards)
 
     async def _episode_with_retries(self, task: dict, group_id: str, idx: int) -> EpisodeResult:
-        for attempt in range(self.cfg.rollout.episode_retries + 1):
-            try:
-                return await self.play_episode(task, group_id, f"{group_id}-e{idx}")
-            except EnvError as exc:
-                self.counters["episode_retries"] += 1
-                last = exc
-                await asyncio.sleep(min(2.0**attempt, 10.0))
-        raise GroupFailed(f"{group_id}: episode {idx} failed {attempt + 1} times: {last}")
+        episode_id = f"{group_id}-e{idx}"
+
+        def count(_: EnvError) -> None:
+            self.counters["episode_retries"] += 1
+
+        try:
+            return await play_with_retries(
+                lambda: self.play_episode(task, group_id, episode_id),
+                self.cfg.rollout.episode_retries,
+                episode_id,
+                on_retry=count,
+            )
+        except EnvError as exc:
+            raise GroupFailed(f"{group_id}: episode {idx} failed: {exc}") from exc
 
     async def play_episode(
         self, task: dict[str, Any], group_id: str, episode_id: str

@@ -249,7 +249,7 @@ def judge(
 
 
 def judge_transition(t: Mapping[str, Any]) -> OracleJudgment:
-    """:func:`judge` on a stored transition row (``workflows.transitions``)."""
+    """:func:`judge` on a stored transition row (``workflows.analyzer.transitions``)."""
     before, after = load_truth(t.get("truth_before")), load_truth(t.get("truth_after"))
     if before is None or after is None:
         raise OracleError(
