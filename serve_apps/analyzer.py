@@ -63,6 +63,7 @@ class AnalyzerServer(ModelServer):
             t.action,
             t.screenshot_after,
             full=self.analyzer_cfg.full_system_prompt,
+            context=t.context,
         )
         return self.backend.prepare(ChatPrompt(messages, self.encoder.load_images(images)))
 

@@ -115,6 +115,9 @@ class Transition(BaseModel):
     screenshot_after: bytes
     response: str = Field(..., description="The policy's full response text.")
     action: str = Field(..., description="The executed action as JSON text.")
+    context: str = Field(
+        "", description="What the policy saw besides the screenshot (e.g. listed elements)."
+    )
 
     @field_validator("action", mode="before")
     @classmethod

@@ -203,6 +203,11 @@ class PolicyAppConfig(_ServerConfig):
     name: str = Field("policy", min_length=1, description="Serve application/deployment name.")
     route_prefix: str = Field("/policy", description="HTTP prefix; OpenAI base = prefix + '/v1'.")
     weights: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
+    agent_style: Literal["toolcall", "elements"] = Field(
+        "toolcall",
+        description="The prompt/answer format the checkpoint was trained on "
+        "(serve_apps.prompting.styles): toolcall (METHOD.md §1) or elements (tiny models).",
+    )
 
     @field_validator("route_prefix")
     @classmethod

@@ -48,9 +48,14 @@ def analyzer_messages(
     *,
     full: bool = True,
     max_history_lines: int | None = 10,
+    context: str = "",
 ) -> tuple[list[dict[str, Any]], list[Image]]:
-    """Messages and images (before, after) for one transition."""
+    """Messages and images (before, after) for one transition. ``context`` is what the policy
+    saw of the screen before besides the image (the elements style's numbered elements, which
+    its answers refer to); empty for answers that carry their own coordinates."""
     before = f"Task: {instruction.strip()}\n{history_text(history, max_history_lines)}\n"
+    if context.strip():
+        before += f"Elements before the step:\n{context.strip()}\n"
     before += "Screen before the step:"
     middle = (
         f"\nAgent response:\n{response.strip()}\n"

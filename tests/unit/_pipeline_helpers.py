@@ -107,7 +107,7 @@ def transition(
         "task_id": "miniwob/x/0", "task_name": (before or {}).get("task", "x"),
         "task_kind": "click", "task_seed": 0, "step_index": 0, "num_steps": 1,
         "instruction": (before or {}).get("instruction", "Do it."), "history": [],
-        "screenshot_before": png((200, 200, 200)), "screenshot_after": png((100, 200, 100)),
+        "screenshot_before": png((200, 200, 200)), "screenshot_after": png((100, 200, 100)), "context": "",
         "response_text": text, "action": action.model_dump_json(),
         "executed_action": json.dumps(action.model_dump(exclude_none=True)),
         "executed": executed, "env_done": bool(after and after["meta"]["done"]),

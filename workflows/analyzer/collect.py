@@ -74,6 +74,7 @@ def transition_rows(job: EpisodeJob, result: Any, model: str) -> list[dict[str, 
             "history": s.history,
             "screenshot_before": s.screenshot_before,
             "screenshot_after": s.screenshot_after,
+            "context": s.context,
             "response_text": s.response_text,
             "action": s.action.model_dump_json(),
             "executed_action": s.executed_action,
@@ -169,17 +170,26 @@ def stored_episodes(folder: Path) -> set[str]:
     return {r["episode_id"] for r in read_transitions(folder, columns=["episode_id"])}
 
 
+def collect_style(cfg: PipelineConfig) -> Any:
+    """The policy's prompt style: scripted episodes speak it too, so the analyzer learns to
+    read the answers it will judge."""
+    from serve_apps.prompting.styles import make_style
+
+    return make_style(cfg.policy.agent_style, cfg.collect.history_screens)
+
+
 def _agent_factory(cfg: PipelineConfig, handle: Any) -> Callable[[EpisodeJob], Any]:
     from env_client.scripted import solve, wrong
     from workflows.analyzer.oracle import mismatch_plan
     from workflows.common.episodes import PolicyAgent, ScriptedAgent
 
     planners = {"expert": solve, "wrong": wrong, "mismatch": mismatch_plan}
+    style = collect_style(cfg)
 
     def make(job: EpisodeJob) -> Any:
         if job.source == "policy":
-            return PolicyAgent(handle, cfg.policy.model_path, cfg.collect.history_screens)
-        return ScriptedAgent(f"scripted-{job.source}", planners[job.source])
+            return PolicyAgent(handle, cfg.policy.model_path, style)
+        return ScriptedAgent(f"scripted-{job.source}", planners[job.source], style)
 
     return make
 
@@ -219,12 +229,13 @@ async def _play_all(
     from workflows.common.episodes import play_episode, play_with_retries, run_bounded
 
     c = cfg.collect
+    style = collect_style(cfg)
     async with EnvClient(cfg.env.model_copy(update={"server_url": env_url})) as client:
 
         def job_fn(job: EpisodeJob) -> Callable[[], Any]:
             def play() -> Any:
                 return play_episode(
-                    client, job.task, make_agent(job), max_steps=c.max_steps,
+                    client, job.task, make_agent(job), style, max_steps=c.max_steps,
                     pause_s=c.pause_s, record=True, ground_truth=c.ground_truth,
                 )  # fmt: skip
 

@@ -90,6 +90,7 @@ def analyzer_request_messages(t: Mapping[str, Any], full: bool) -> list[dict[str
         t["executed_action"],
         t["screenshot_after"],
         full=full,
+        context=t["context"],
     )
     pending = iter(images)
     out = []

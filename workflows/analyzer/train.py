@@ -91,6 +91,7 @@ def transition_request(t: Mapping[str, Any]) -> dict[str, Any]:
         "screenshot_after": t["screenshot_after"],
         "response": t["response_text"],
         "action": t["executed_action"],
+        "context": t["context"],
     }
 
 
@@ -116,6 +117,7 @@ class SampleBuilder:
         messages, images = analyzer_messages(
             req["instruction"], req["history"], req["screenshot_before"], req["response"],
             req["action"], req["screenshot_after"], full=self.full_prompt,
+            context=req["context"],
         )  # fmt: skip
         return self.encoder.encode(messages, self.encoder.load_images(images)).prompt_ids
 

@@ -1,11 +1,13 @@
 """The transition: one executed step of a collected episode, as the analyzer pipeline stores it.
 
-Written by ``workflows.analyzer.collect`` as Parquet shards under ``<run_dir>/transitions/``, read by
-``workflows.analyzer.annotate`` (what the expert judges) and ``workflows.analyzer.train`` (SFT prompts).
-Pyarrow only. Field meanings:
+Written by ``workflows.analyzer.collect`` as Parquet shards under ``<run_dir>/transitions/``,
+read by ``workflows.analyzer.annotate`` (what the expert judges) and ``workflows.analyzer.train``
+(SFT prompts). Pyarrow only. Field meanings:
 
-- ``history``: one-line summaries of the earlier responses (``summarize_response``), exactly
-  what the analyzer deployment receives during RL.
+- ``history``: one-line summaries of the earlier responses (the policy style's ``summarize``),
+  exactly what the analyzer deployment receives during RL.
+- ``context``: what the policy saw of the screen before besides the image, as the analyzer
+  receives it (the elements style's numbered elements; empty for tool-call answers).
 - ``response_text`` is the policy's full answer; ``action`` the parsed :class:`Action` (JSON,
   ``name == "invalid"`` with a reason when it did not parse); ``executed_action`` the JSON text
   the analyzer sees ("executed action"), built like the rollout worker does.
@@ -39,6 +41,7 @@ TRANSITION_SCHEMA = pa.schema(
         pa.field("history", pa.list_(pa.string()), nullable=False),
         pa.field("screenshot_before", pa.binary(), nullable=False),
         pa.field("screenshot_after", pa.binary(), nullable=False),
+        pa.field("context", pa.string(), nullable=False),
         pa.field("response_text", pa.string(), nullable=False),
         pa.field("action", pa.string(), nullable=False),
         pa.field("executed_action", pa.string(), nullable=False),
@@ -51,7 +54,7 @@ TRANSITION_SCHEMA = pa.schema(
         pa.field("model", pa.string(), nullable=False),
         pa.field("created_at", pa.float64(), nullable=False),
     ],
-    metadata={"computersd.schema": "transition/1"},
+    metadata={"computersd.schema": "transition/2"},
 )
 
 TRANSITION_FIELDS: tuple[str, ...] = tuple(TRANSITION_SCHEMA.names)

@@ -20,12 +20,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from env_client.actions import Action, parse_response, render_response
+from env_client.actions import Action
 from env_client.client import EnvClient, Session
 from env_client.errors import EnvError
 from env_client.observation import StepResult
 from env_client.scripted import NoPlan
-from serve_apps.prompting.messages import agent_messages, summarize_response
+from serve_apps.prompting.styles import AgentStyle, Screen
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -42,14 +42,14 @@ class Agent(Protocol):
     def start(self, truth: dict[str, Any] | None) -> None: ...
 
     async def respond(
-        self, instruction: str, screens: list[bytes], history: list[str], step: int
+        self, instruction: str, screens: list[Screen], history: list[str], step: int
     ) -> str | None:
         """The response text for this step; None ends the episode (nothing left to do)."""
         ...
 
 
 class PolicyAgent:
-    """A policy deployment's ``generate`` with the rollout workers' prompt."""
+    """A policy deployment's ``generate`` with the rollout workers' prompt (``style``)."""
 
     needs_truth = False
 
@@ -57,13 +57,13 @@ class PolicyAgent:
         self,
         handle: Any,
         name: str,
-        history_screens: int,
+        style: AgentStyle,
         temperature: float | None = None,
         seed: int | None = None,
     ) -> None:
         self.handle = handle
         self.name = name
-        self.history_screens = history_screens
+        self.style = style
         self.temperature = temperature
         self.seed = seed  # per-episode base seed: step i samples with seed + i
 
@@ -71,11 +71,9 @@ class PolicyAgent:
         return None
 
     async def respond(
-        self, instruction: str, screens: list[bytes], history: list[str], step: int
+        self, instruction: str, screens: list[Screen], history: list[str], step: int
     ) -> str | None:
-        messages, shown = agent_messages(
-            instruction, screens, history, num_screenshots=self.history_screens
-        )
+        messages, shown = self.style.prompt(instruction, screens, history)
         request: dict[str, Any] = {"messages": messages, "images": shown}
         if self.temperature is not None:
             request["temperature"] = self.temperature
@@ -86,13 +84,17 @@ class PolicyAgent:
 
 
 class ScriptedAgent:
-    """Replays a plan computed from the ground truth at reset (expert, wrong or mismatch)."""
+    """Replays a plan computed from the ground truth at reset (expert, wrong or mismatch),
+    each action said as the policy's style would say it."""
 
     needs_truth = True
 
-    def __init__(self, name: str, planner: Callable[[dict[str, Any]], list[Action]]) -> None:
+    def __init__(
+        self, name: str, planner: Callable[[dict[str, Any]], list[Action]], style: AgentStyle
+    ) -> None:
         self.name = name
         self.planner = planner
+        self.style = style
         self.plan: list[Action] = []
 
     def start(self, truth: dict[str, Any] | None) -> None:
@@ -101,9 +103,14 @@ class ScriptedAgent:
         self.plan = self.planner(truth)
 
     async def respond(
-        self, instruction: str, screens: list[bytes], history: list[str], step: int
+        self, instruction: str, screens: list[Screen], history: list[str], step: int
     ) -> str | None:
-        return render_response(self.plan[step]) if step < len(self.plan) else None
+        if step >= len(self.plan):
+            return None
+        text = self.style.render(self.plan[step], screens[-1])
+        if text is None:
+            raise NoPlan(f"{self.name}: {self.plan[step].name} cannot be said in this style")
+        return text
 
 
 @dataclass
@@ -114,6 +121,7 @@ class StepRecord:
     history: list[str]
     screenshot_before: bytes
     screenshot_after: bytes
+    context: str
     response_text: str
     action: Action
     executed_action: str
@@ -171,6 +179,7 @@ async def play_episode(
     client: EnvClient,
     task: dict[str, Any],
     agent: Agent,
+    style: AgentStyle,
     *,
     max_steps: int,
     pause_s: float = 0.0,
@@ -186,24 +195,28 @@ async def play_episode(
         truth = _Truth(sess, ground_truth or agent.needs_truth)
         before_truth = await truth.read()
         agent.start(before_truth)
-        screens: list[bytes] = [obs.screenshot or b""]
+        screens = [Screen(obs.screenshot or b"", obs.accessibility_tree)]
         history: list[str] = []
         steps: list[StepRecord] = []
         for i in range(max_steps):
             response = await agent.respond(instruction, screens, history, i)
             if response is None:
                 break
-            action = parse_response(response)
+            before = screens[-1]
+            action = style.parse(response, before)
             result = await sess.act(action, pause=pause_s)
-            after = result.observation.screenshot or b""
+            after = Screen(
+                result.observation.screenshot or b"", result.observation.accessibility_tree
+            )
             after_truth = await truth.read() if result.executed else before_truth
             if record:
                 steps.append(
                     StepRecord(
                         i,
                         list(history),
-                        screens[-1],
-                        after,
+                        before.png,
+                        after.png,
+                        style.screen_context(before),
                         response,
                         action,
                         executed_action_json(action, result),
@@ -214,7 +227,7 @@ async def play_episode(
                     )
                 )
             screens.append(after)
-            history.append(summarize_response(response))
+            history.append(style.summarize(response, before))
             before_truth = after_truth
             if result.done or action.name == "terminate":
                 break

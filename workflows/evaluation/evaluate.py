@@ -50,9 +50,11 @@ async def play_runs(
 ) -> list[dict[str, Any]]:
     """Every (run, task) episode of one checkpoint → outcome dicts."""
     from env_client.client import EnvClient
+    from serve_apps.prompting.styles import make_style
     from workflows.common.episodes import play_episode, play_with_retries, run_bounded
 
     e = cfg.evaluate
+    style = make_style(cfg.policy.agent_style, e.history_screens)
     pairs = [(r, t) for r in range(e.runs) for t in tasks]
     client_cfg = cfg.env.model_copy(update={"server_url": env_url})
     outcomes = []
@@ -60,8 +62,9 @@ async def play_runs(
 
         def job(run: int, task: dict[str, Any]) -> Callable[[], Any]:
             def play() -> Any:
+                agent = make_agent(run, task)
                 return play_episode(
-                    client, task, make_agent(run, task), max_steps=e.max_steps, pause_s=e.pause_s
+                    client, task, agent, style, max_steps=e.max_steps, pause_s=e.pause_s
                 )
 
             return lambda: play_with_retries(play, e.episode_retries, f"{label}/{task['id']}")
@@ -92,6 +95,7 @@ def evaluate_checkpoint(
 ) -> list[dict[str, Any]]:
     """Deploy one checkpoint as a frozen policy app, play all runs, remove the app."""
     from serve_apps.policy import build_policy_app
+    from serve_apps.prompting.styles import make_style
     from workflows.common.episodes import PolicyAgent
     from workflows.common.pipeline import frozen_policy, resolve_model_path, serve_app
 
@@ -99,12 +103,13 @@ def evaluate_checkpoint(
     name = f"{cfg.run_name}-eval-{index}"
     policy = frozen_policy(cfg.policy, resolve_model_path(spec.path), name)
     e = cfg.evaluate
+    style = make_style(cfg.policy.agent_style, e.history_screens)
     t0 = time.time()
     with serve_app(build_policy_app(policy), name, policy.route_prefix) as handle:
 
         def agent(run: int, task: dict[str, Any]) -> PolicyAgent:
             seed = episode_seed(cfg.seed, run, str(task["id"]))
-            return PolicyAgent(handle, spec.name, e.history_screens, e.temperature, seed)
+            return PolicyAgent(handle, spec.name, style, e.temperature, seed)
 
         outcomes = asyncio.run(play_runs(cfg, env_url, spec.name, agent, tasks))
     print(f"[evaluate] {spec.name}: {len(outcomes)} episodes in {time.time() - t0:.0f}s")
@@ -115,10 +120,12 @@ def evaluate_expert(
     cfg: PipelineConfig, env_url: str, tasks: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     from env_client.scripted import solve
+    from serve_apps.prompting.styles import make_style
     from workflows.common.episodes import ScriptedAgent
 
+    style = make_style(cfg.policy.agent_style, cfg.evaluate.history_screens)
     return asyncio.run(
-        play_runs(cfg, env_url, EXPERT, lambda r, t: ScriptedAgent(EXPERT, solve), tasks)
+        play_runs(cfg, env_url, EXPERT, lambda r, t: ScriptedAgent(EXPERT, solve, style), tasks)
     )
 
 

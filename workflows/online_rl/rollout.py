@@ -17,15 +17,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from env_client.actions import parse_response
 from env_client.client import EnvClient, Session
 from env_client.errors import EnvError
-from serve_apps.prompting.messages import (
-    agent_messages,
-    guidance_text,
-    privileged_messages,
-    summarize_response,
-)
+from serve_apps.prompting.messages import guidance_text, privileged_messages
+from serve_apps.prompting.styles import Screen, make_style
 from workflows.common.episodes import play_with_retries
 from workflows.online_rl.config import OnlineRLConfig
 
@@ -88,6 +83,7 @@ class RolloutWorker:
         self.buffer = buffer
         self.policy_app = policy_app
         self.analyzer_app = analyzer_app
+        self.style = make_style(cfg.policy.agent_style, cfg.rollout.history_screens)
         self.served_version = 0
         self._stopping = False
         self.counters: dict[str, float] = {
@@ -194,7 +190,7 @@ class RolloutWorker:
             obs = await sess.reset(task)
             # The concrete instruction comes from reset (MiniWoB draws it); OSWorld payloads carry it.
             instruction = obs.instruction or task.get("instruction") or ""
-            screens: list[bytes] = [obs.screenshot or b""]
+            screens = [Screen(obs.screenshot or b"", obs.accessibility_tree)]
             history: list[str] = []
             for step_index in range(self.cfg.rollout.max_steps):
                 row, done = await self._step(sess, instruction, screens, history)
@@ -213,29 +209,26 @@ class RolloutWorker:
         return EpisodeResult(rows=rows, score=score)
 
     async def _step(
-        self, sess: Session, instruction: str, screens: list[bytes], history: list[str]
+        self, sess: Session, instruction: str, screens: list[Screen], history: list[str]
     ) -> tuple[dict[str, Any], bool]:
-        messages, shown = agent_messages(
-            instruction, screens, history, num_screenshots=self.cfg.rollout.history_screens
-        )
+        messages, shown = self.style.prompt(instruction, screens, history)
         t0 = time.perf_counter()
         gen = await self.policy.generate.remote({"messages": messages, "images": shown})
         t1 = time.perf_counter()
         self.served_version = max(self.served_version, gen["weight_version"])
-        action = parse_response(gen["text"])
+        before = screens[-1]
+        action = self.style.parse(gen["text"], before)
         if action.name == "invalid":
             self.counters["invalid_actions"] += 1
         result = await sess.act(action, pause=self.cfg.rollout.pause_s)
         t2 = time.perf_counter()
-        after = result.observation.screenshot or b""
+        after = Screen(result.observation.screenshot or b"", result.observation.accessibility_tree)
         executed = (
             {"action": action.name, **result.info}
             if not result.executed
             else action.model_dump(exclude_none=True)
         )
-        judgment = await self._judge(
-            instruction, history, screens[-1], after, gen["text"], executed
-        )
+        judgment = await self._judge(instruction, history, before, after, gen["text"], executed)
         t3 = time.perf_counter()
         guidance = guidance_text(judgment["guide"], judgment["avoid"])
         privileged_call = self._score(
@@ -250,7 +243,7 @@ class RolloutWorker:
         t4 = time.perf_counter()
         self._count(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
         screens.append(after)
-        history.append(summarize_response(gen["text"]))
+        history.append(self.style.summarize(gen["text"], before))
         row = {
             "prompt_ids": gen["prompt_ids"],
             "response_ids": gen["response_ids"],
@@ -291,8 +284,8 @@ class RolloutWorker:
         self,
         instruction: str,
         history: list[str],
-        before: bytes,
-        after: bytes,
+        before: Screen,
+        after: Screen,
         response: str,
         action: dict[str, Any],
     ) -> dict[str, Any]:
@@ -302,8 +295,9 @@ class RolloutWorker:
             {
                 "instruction": instruction,
                 "history": history,
-                "screenshot_before": before,
-                "screenshot_after": after,
+                "screenshot_before": before.png,
+                "screenshot_after": after.png,
+                "context": self.style.screen_context(before),
                 "response": response,
                 "action": action,
             }

@@ -1,0 +1,138 @@
+"""Agent prompt styles behind one interface: what the policy sees and how its answer is read.
+
+A style turns the episode so far into the ordinary context ``c`` (messages + images), parses a
+response into an :class:`~env_client.actions.Action`, writes the history line of a response,
+and renders a scripted action as the text the policy would have answered. The rollout workers,
+the analyzer pipeline's episodes and evaluation all go through the policy's configured style
+(``policy.agent_style``), so a checkpoint is always prompted the way it was trained.
+
+- ``toolcall``: METHOD.md §1, "Action: …" + a ``computer_use`` tool call; last H screens.
+- ``elements``: :mod:`serve_apps.prompting.elements`, numbered elements and one short answer
+  line, for tiny models on the embedded environment.
+
+    style = make_style("elements")
+    messages, images = style.prompt(instruction, screens, history)
+    action = style.parse(text, screens[-1])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Literal, Protocol
+
+from env_client.actions import Action, parse_response, render_response
+from env_client.observation import png_size
+from serve_apps.prompting import elements as el
+from serve_apps.prompting.messages import HISTORY_SCREENSHOTS, agent_messages, summarize_response
+
+StyleName = Literal["toolcall", "elements"]
+STYLES: tuple[str, ...] = ("toolcall", "elements")
+
+
+@dataclass(frozen=True)
+class Screen:
+    """One screen the agent saw: the PNG and, where the environment gives one, its
+    accessibility tree (XML of :mod:`env_client.a11y`)."""
+
+    png: bytes
+    tree: str | None = None
+    size_hint: tuple[int, int] | None = field(default=None, compare=False)
+
+    @cached_property
+    def size(self) -> tuple[int, int]:
+        got = self.size_hint or png_size(self.png)
+        if got is None:
+            raise ValueError("screen has no PNG screenshot to take its size from")
+        return got
+
+    @cached_property
+    def elements(self) -> list[el.Listed]:
+        return el.list_elements(self.tree, self.size) if self.tree else []
+
+
+class AgentStyle(Protocol):
+    name: str
+
+    def prompt(
+        self, instruction: str, screens: Sequence[Screen], history: Sequence[str]
+    ) -> tuple[list[dict[str, Any]], list[bytes]]: ...
+
+    def parse(self, text: str, screen: Screen) -> Action: ...
+
+    def summarize(self, text: str, screen: Screen) -> str: ...
+
+    def render(self, action: Action, screen: Screen) -> str | None: ...
+
+    def screen_context(self, screen: Screen) -> str:
+        """Text the analyzer needs beside the screenshot to read this style's answers."""
+        ...
+
+
+@dataclass(frozen=True)
+class ToolCallStyle:
+    """METHOD.md §1's answer format; ``system`` None = the short system prompt."""
+
+    history_screens: int = HISTORY_SCREENSHOTS
+    system: str | None = None
+    name: str = "toolcall"
+
+    def prompt(
+        self, instruction: str, screens: Sequence[Screen], history: Sequence[str]
+    ) -> tuple[list[dict[str, Any]], list[bytes]]:
+        return agent_messages(
+            instruction,
+            [s.png for s in screens],
+            history,
+            num_screenshots=self.history_screens,
+            system=self.system,
+        )
+
+    def parse(self, text: str, screen: Screen) -> Action:
+        return parse_response(text)
+
+    def summarize(self, text: str, screen: Screen) -> str:
+        return summarize_response(text)
+
+    def render(self, action: Action, screen: Screen) -> str | None:
+        return render_response(action)
+
+    def screen_context(self, screen: Screen) -> str:
+        return ""  # the answer carries its own coordinates
+
+
+@dataclass(frozen=True)
+class ElementsStyle:
+    """Numbered elements, one short answer line, the current screen only."""
+
+    name: str = "elements"
+
+    def prompt(
+        self, instruction: str, screens: Sequence[Screen], history: Sequence[str]
+    ) -> tuple[list[dict[str, Any]], list[bytes]]:
+        if not screens:
+            raise ValueError("the elements style needs the current screen")
+        current = screens[-1]
+        return el.agent_messages(instruction, current.png, current.elements, history)
+
+    def parse(self, text: str, screen: Screen) -> Action:
+        return el.parse_answer(text, screen.elements)
+
+    def summarize(self, text: str, screen: Screen) -> str:
+        return el.summarize_answer(text, screen.elements)
+
+    def render(self, action: Action, screen: Screen) -> str | None:
+        return el.encode_action(action, screen.elements, screen.size)
+
+    def screen_context(self, screen: Screen) -> str:
+        return "\n".join(el.element_line(e) for e in screen.elements)
+
+
+def make_style(name: str, history_screens: int = HISTORY_SCREENSHOTS) -> AgentStyle:
+    """The style called ``name`` (a config's ``policy.agent_style``)."""
+    if name == "toolcall":
+        return ToolCallStyle(history_screens=history_screens)
+    if name == "elements":
+        return ElementsStyle()
+    raise ValueError(f"agent style {name!r}: allowed {list(STYLES)}")
