@@ -80,6 +80,11 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path, policy: str) -> di
         f"run_name={mode}",
         f"mode={mode}",
         f"policy.model_path={policy}",
+        "policy.agent_style=toolcall",  # the random bench policy speaks the METHOD format
+        "policy.sampling.max_new_tokens=48",
+        "analyzer.model_path=tiny:1",
+        "analyzer.sampling.max_new_tokens=64",
+        "rollout.history_screens=2",
         f"trainer.max_steps={args.steps}",
         f"trainer.checkpoint_every={args.steps}",
         f"trainer.samples_per_step={args.samples_per_step}",

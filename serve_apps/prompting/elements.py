@@ -4,15 +4,21 @@ The screen's accessibility tree is listed one element a line, numbered, with its
 on the 0..999 grid, and the answer is one short line naming an element by its number
 (set-of-marks), so the model picks an element instead of spelling coordinates digit by digit:
 
-    Task: Click on the "Submit" button.
+    Task: Click on the 'Submit' button.
     Elements:
-    0 text "Click on the Submit button." 500 120
-    1 button "Submit" 187 433
-    2 textbox "" 500 610 focused value="Alice"
+    0 text 'Click on the Submit button.' 500 120
+    1 button 'Submit' 187 433 match
+    2 textbox '' 500 610 focused value='Alice'
     Previous: none
     Screen: <image>
 
     answer: click 1        |  type "Alice"  |  key enter
+
+``match`` flags an element one can act on whose name the task line contains: a lexical cue read
+from the observation itself (no privileged information) that a tiny model would otherwise need
+many more steps to compute. Names are quoted with single quotes everywhere (task line, elements, the analyzer's guidance):
+Qwen's pre-tokenizer glues an opening quote to the word after it, so a name quoted one way
+here and another way there would be different tokens, and a tiny model could not match them.
 
 :func:`parse_answer` maps an answer back to an :class:`~env_client.actions.Action` (a click at
 the element's centre); :func:`encode_action` does the reverse for an expert action (behaviour
@@ -59,20 +65,34 @@ def list_elements(tree_xml: str | None, screen: tuple[int, int]) -> list[Listed]
     return out
 
 
+def single_quotes(text: str) -> str:
+    return text.replace('"', "'").replace("“", "'").replace("”", "'")
+
+
 def _short(text: str) -> str:
-    text = " ".join(text.replace('"', "'").split())
+    text = " ".join(single_quotes(text).split())
     return text if len(text) <= MAX_NAME_CHARS else text[: MAX_NAME_CHARS - 1] + "~"
 
 
-def element_line(el: Listed) -> str:
+def named_in(el: Listed, task: str) -> bool:
+    """Whether ``task`` names this element (whole words, any case); never for plain text."""
+    name = " ".join(single_quotes(el.node.name).split()).casefold()
+    if el.node.role == "text" or not name:
+        return False
+    return re.search(rf"(?<!\w){re.escape(name)}(?!\w)", single_quotes(task).casefold()) is not None
+
+
+def element_line(el: Listed, task: str = "") -> str:
     n = el.node
-    parts = [str(el.index), n.role, f'"{_short(n.name)}"', str(el.x), str(el.y)]
+    parts = [str(el.index), n.role, f"'{_short(n.name)}'", str(el.x), str(el.y)]
     if n.checked is not None:
         parts.append("checked" if n.checked else "unchecked")
     if n.focused:
         parts.append("focused")
     if n.value:
-        parts.append(f'value="{_short(n.value)}"')
+        parts.append(f"value='{_short(n.value)}'")
+    if task and named_in(el, task):
+        parts.append("match")
     return " ".join(parts)
 
 
@@ -84,8 +104,8 @@ def element_label(el: Listed) -> str:
 def screen_text(instruction: str, elements: Sequence[Listed], history: Sequence[str]) -> str:
     """The user turn's text before the screenshot."""
     shown = list(history)[-HISTORY_LINES:]
-    lines = [f"Task: {instruction.strip()}", "Elements:"]
-    lines += [element_line(e) for e in elements]
+    lines = [f"Task: {single_quotes(instruction.strip())}", "Elements:"]
+    lines += [element_line(e, instruction) for e in elements]
     lines.append("Previous: " + ("; ".join(shown) if shown else "none"))
     lines.append("Screen:")
     return "\n".join(lines)

@@ -21,6 +21,7 @@ from PIL import Image
 from serve_apps.errors import RequestError
 
 ALLOWED_IMAGE_FORMATS = frozenset({"PNG", "JPEG", "WEBP", "GIF", "BMP"})
+END_OF_TURN = "<|im_end|>"
 VISION_TOKENS = (
     "<|image_pad|>",
     "<|video_pad|>",
@@ -127,6 +128,16 @@ class PromptEncoder:
         """Token ids of the rendered template with image pads NOT expanded (one per image), as
         engines that expand placeholders themselves (vLLM) expect."""
         return list(self.tokenizer(self.render(messages), add_special_tokens=False)["input_ids"])
+
+    def answer_ids(self, text: str) -> list[int]:
+        """Token ids of an assistant answer as a model should learn to end it: the text, then
+        the end of the turn (``<|im_end|>``, else the tokenizer's eos). SFT targets use this."""
+        tok = self.tokenizer
+        eot = tok.convert_tokens_to_ids(END_OF_TURN)
+        end = [eot] if isinstance(eot, int) and eot != tok.unk_token_id else []
+        if not end and tok.eos_token_id is not None:
+            end = [int(tok.eos_token_id)]
+        return list(tok.encode(text, add_special_tokens=False)) + end
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

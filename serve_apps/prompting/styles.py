@@ -65,7 +65,7 @@ class AgentStyle(Protocol):
 
     def render(self, action: Action, screen: Screen) -> str | None: ...
 
-    def screen_context(self, screen: Screen) -> str:
+    def screen_context(self, screen: Screen, instruction: str) -> str:
         """Text the analyzer needs beside the screenshot to read this style's answers."""
         ...
 
@@ -98,7 +98,7 @@ class ToolCallStyle:
     def render(self, action: Action, screen: Screen) -> str | None:
         return render_response(action)
 
-    def screen_context(self, screen: Screen) -> str:
+    def screen_context(self, screen: Screen, instruction: str) -> str:
         return ""  # the answer carries its own coordinates
 
 
@@ -125,8 +125,8 @@ class ElementsStyle:
     def render(self, action: Action, screen: Screen) -> str | None:
         return el.encode_action(action, screen.elements, screen.size)
 
-    def screen_context(self, screen: Screen) -> str:
-        return "\n".join(el.element_line(e) for e in screen.elements)
+    def screen_context(self, screen: Screen, instruction: str) -> str:
+        return "\n".join(el.element_line(e, instruction) for e in screen.elements)
 
 
 def make_style(name: str, history_screens: int = HISTORY_SCREENSHOTS) -> AgentStyle:

@@ -75,6 +75,16 @@ ENTROPULSE = [
 ]
 
 
+RANDOM_MODELS = [
+    "policy.model_path=tiny:0",
+    "policy.agent_style=toolcall",
+    "policy.sampling.max_new_tokens=48",
+    "analyzer.model_path=tiny:1",
+    "analyzer.sampling.max_new_tokens=64",
+    "rollout.history_screens=2",
+]
+
+
 def _wait_for(pred, timeout_s: float, what: str, poll_s: float = 2.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not pred():
@@ -116,6 +126,9 @@ def _overrides(tmp_path: Path, env_url: str) -> list[str]:
         f"runs_dir={tmp_path}",
         "run_name=it",
         f"env.server_url={env_url}",
+        # Random tiny models in the tool-call style: this test is about the job's machinery
+        # (kill, resume, Entropulse), not learning; the warm start has its own test.
+        *RANDOM_MODELS,
         "env.heartbeat_interval_s=1",
         "trainer.checkpoint_every=2",
         "trainer.cpus_per_worker=0.5",

@@ -22,7 +22,8 @@ def test_embedded_default_is_cpu_sized() -> None:
     assert (
         cfg.trainer.use_gpu is False and cfg.trainer.zero_stage == 2 and cfg.trainer.dtype == "fp32"
     )
-    assert cfg.policy.model_path.startswith("tiny:") and cfg.env.server_url is None
+    assert cfg.policy.model_path.startswith("warm:") and cfg.env.server_url is None
+    assert cfg.analyzer.model_path == cfg.policy.model_path and cfg.policy.agent_style == "elements"
     assert cfg.policy.backend.type == "transformers"
 
 

@@ -1,5 +1,7 @@
 """The package layout's promises (DESIGN.md): dependencies point one way, no import circles,
-and the jobs in ``workflows/`` share code only through ``workflows.common``."""
+and the jobs in ``workflows/`` share code only through ``workflows.common``, except the two
+edges that are the point: the warm start runs the analyzer pipeline, and the online job starts
+from a warm start (``warm:<seed>`` model paths)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("env_client", "serve_apps", "train_loops", "workflows")
-JOBS = ("online_rl", "analyzer", "evaluation")
+JOBS = ("online_rl", "analyzer", "evaluation", "warm_start")
+JOB_EDGES = {("warm_start", "analyzer"), ("online_rl", "warm_start")}
 
 
 def _modules() -> dict[str, Path]:
@@ -81,6 +84,9 @@ def test_jobs_share_code_only_through_common() -> None:
         return parts[1] if len(parts) > 1 and parts[0] == "workflows" and parts[1] in JOBS else None
 
     bad = [
-        (a, b) for a, ts in _graph().items() for b in ts if job(a) and job(b) and job(a) != job(b)
+        (a, b)
+        for a, ts in _graph().items()
+        for b in ts
+        if job(a) and job(b) and job(a) != job(b) and (job(a), job(b)) not in JOB_EDGES
     ]
     assert not bad, f"one job imports another: {bad}"

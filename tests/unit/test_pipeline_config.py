@@ -68,3 +68,14 @@ def test_cli_prints_config_and_rejects_bad_values(capsys: pytest.CaptureFixture[
     assert "runs: 5" in capsys.readouterr().out
     assert parse_cli("x", None, ["collect.concurrency=0"]) == 2
     assert "collect.concurrency" in capsys.readouterr().err
+
+
+def test_round_robin_cycles_through_task_names() -> None:
+    from workflows.common.pipeline import round_robin
+
+    tasks = [{"task": name, "seed": s} for name in ("a", "b", "c") for s in range(4)]
+    order = round_robin(tasks, seed=0)
+    assert sorted(map(str, order)) == sorted(map(str, tasks))  # a permutation
+    for i in range(0, 12, 3):  # every window of 3 has each name once
+        assert {t["task"] for t in order[i : i + 3]} == {"a", "b", "c"}
+    assert order == round_robin(tasks, seed=0) and order != round_robin(tasks, seed=1)

@@ -131,3 +131,26 @@ def test_judge_transition_needs_ground_truth_and_answers_valid_json() -> None:
     with pytest.raises(OracleError, match="ground truth"):
         judge_transition({**row, "truth_before": None})
     assert json.loads(row["action"])["name"] == "left_click"
+
+
+# Elements-style context of the click-button page: the a11y listing the policy saw.
+LISTING = (
+    "0 text 'Click on the okay button.' 500 150\n1 button 'okay' 150 347\n2 button 'cancel' 512 347"
+)
+
+
+def test_elements_guidance_names_the_expert_answer_and_an_unnumbered_mistake() -> None:
+    from workflows.analyzer.oracle import listed_elements
+
+    assert [e.index for e in listed_elements(LISTING)] == [0, 1, 2]
+    assert listed_elements("Previous: none") == []
+    before, after = click_button_truth(), click_button_truth(done=True, score=1.0)
+    good = judge(before, after, click_action(*OKAY, "click 1"), True, "", LISTING)
+    assert (good.consistency, good.effectiveness) == (1, 1)
+    assert good.guide == "click 1 (button 'okay')" and good.avoid == "click button 'cancel'"
+    lost = click_button_truth(done=True, score=0.0)
+    bad = judge(before, lost, click_action(*CANCEL, "click 2"), True, "", LISTING)
+    assert bad.effectiveness == 0 and bad.guide == "click 1 (button 'okay')"
+    assert bad.avoid == "click button 'cancel'"  # what it did, without a number to copy
+    unparsed = judge(before, before, invalid("no answer"), False, "", LISTING)
+    assert unparsed.avoid.startswith("an invalid answer")

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from serve_apps.prompting.inputs import END_OF_TURN
 from tests.unit._pipeline_helpers import click_action, click_button_truth, transition
 from workflows.analyzer.experts import judgment_json
 from workflows.analyzer.train import (
-    END_OF_TURN,
     Labeled,
     SampleBuilder,
     agreement,

@@ -46,9 +46,10 @@ def test_prompt_lists_elements_and_privileged_block_follows_them() -> None:
     style = make_style("elements")
     messages, images = style.prompt("Click on the Submit button.", [screen()], ["click link 'x'"])
     text = messages[1]["content"][0]["text"]
-    assert '1 button "Submit" 315 430' in text
-    assert '2 textbox "" 503 621 focused value="Alice"' in text
-    assert '3 checkbox "red"' in text and "unchecked" in text
+    assert "1 button 'Submit' 315 430 match" in text  # the task line names it
+    assert "2 textbox '' 503 621 focused value='Alice'" in text
+    assert "3 checkbox 'red' 103 745 unchecked" in text
+    assert "Task: Click on the Submit button." in text  # double quotes become single ones
     assert "Previous: click link 'x'" in text and len(images) == 1
     priv = privileged_messages(messages, "[GUIDE]\nclick 1")
     assert priv[1]["content"][-1]["text"].endswith("click 1\n[/PRIVILEGED_ACTION_GUIDANCE]")
@@ -88,7 +89,7 @@ def test_expert_actions_round_trip_through_the_answer() -> None:
     assert style.render(Action(name="type", text="Bob"), s) == 'type "Bob"'
     # a click on no listed element cannot be said in this style
     assert encode_action(Action(name="left_click", coordinate=(990, 990)), s.elements, SIZE) is None
-    assert "1 button" in style.screen_context(s)
+    assert "1 button 'Submit' 315 430 match" in style.screen_context(s, "Click Submit.")
 
 
 def test_toolcall_style_is_the_method_format() -> None:
@@ -96,6 +97,6 @@ def test_toolcall_style_is_the_method_format() -> None:
     messages, images = style.prompt("Do it.", [s, s, s], [])
     assert len(images) == 2 and "<tool_call>" in messages[0]["content"]
     text = style.render(Action(name="left_click", coordinate=(1, 2), thought="click it"), s)
-    assert style.parse(text or "", s).coordinate == (1, 2) and style.screen_context(s) == ""
+    assert style.parse(text or "", s).coordinate == (1, 2) and style.screen_context(s, "x") == ""
     with pytest.raises(ValueError, match="allowed"):
         make_style("nope")

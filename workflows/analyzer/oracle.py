@@ -233,18 +233,30 @@ def is_effective(before: Truth, after: Truth, executed: bool) -> bool:
 
 
 def judge(
-    before: Truth, after: Truth, action: Action, executed: bool, instruction: str
+    before: Truth,
+    after: Truth,
+    action: Action,
+    executed: bool,
+    instruction: str,
+    context: str = "",
 ) -> OracleJudgment:
-    """The oracle's verdict on one transition (see the module docstring)."""
+    """The oracle's verdict on one transition (see the module docstring). With the elements
+    style's ``context`` (numbered elements), guide and avoid are answers of that style."""
     c = is_consistent(before, action, executed)
     e = is_effective(before, after, executed)
     plan = remaining_plan(before)
+    listed = listed_elements(context)
+    if listed:
+        guide, avoid = element_guidance(before, action, executed, c and e, plan, listed)
+    else:
+        guide = guide_text(before, plan, instruction)
+        avoid = avoid_text(before, action, executed, c, e, plan)
     # Single quotes inside the texts: JSON escapes double ones, which costs answer tokens.
     return OracleJudgment(
         consistency=int(c),
         effectiveness=int(e),
-        guide=guide_text(before, plan, instruction).replace('"', "'"),
-        avoid=avoid_text(before, action, executed, c, e, plan).replace('"', "'"),
+        guide=guide.replace('"', "'"),
+        avoid=avoid.replace('"', "'"),
     )
 
 
@@ -257,7 +269,88 @@ def judge_transition(t: Mapping[str, Any]) -> OracleJudgment:
             "embedded environment; collect with collect.ground_truth=true)"
         )
     action = Action.model_validate_json(t["action"])
-    return judge(before, after, action, bool(t["executed"]), str(t.get("instruction") or ""))
+    instruction = str(t.get("instruction") or "")
+    return judge(before, after, action, bool(t["executed"]), instruction, t.get("context") or "")
+
+
+# --- guidance in the elements style ----------------------------------------------------------
+
+_LISTED = re.compile(r"^(\d+) (\S+) '(.*)' (\d+) (\d+)")
+
+
+@dataclass(frozen=True)
+class ListedElement:
+    """One line of the elements style's listing: number, role, name, centre on the grid."""
+
+    index: int
+    role: str
+    name: str
+    x: int
+    y: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.role} '{self.name}'"
+
+
+def listed_elements(context: str) -> list[ListedElement]:
+    """The numbered element lines of an elements-style context ([] for any other context)."""
+    out = []
+    for line in (context or "").splitlines():
+        m = _LISTED.match(line)
+        if m:
+            out.append(ListedElement(int(m[1]), m[2], m[3], int(m[4]), int(m[5])))
+    return out
+
+
+def element_answer(
+    action: Action, listed: list[ListedElement], with_number: bool = True
+) -> str | None:
+    """An action as the elements style answers it, with the element it names: ``click 3
+    (button 'OK')``, or without the number (``click button 'OK'``), as avoid texts say it so
+    that the guide's number is the only one in the guidance. A click goes to the listed
+    element nearest its point (listing centres and ground-truth click points come from the
+    same page)."""
+    if action.name == "type" and action.text:
+        return f'type "{_short(action.text, 40)}"'
+    if action.name == "key" and action.keys:
+        return "key " + "+".join(action.keys)
+    if action.coordinate is None:
+        return None
+    x, y = action.coordinate
+    acting = [e for e in listed if e.role != "text"] or listed
+    near = min(acting, key=lambda e: (e.x - x) ** 2 + (e.y - y) ** 2)
+    return f"click {near.index} ({near.label})" if with_number else f"click {near.label}"
+
+
+def element_guidance(
+    truth: Truth,
+    action: Action,
+    executed: bool,
+    good: bool,
+    plan: list[Action] | None,
+    listed: list[ListedElement],
+) -> tuple[str, str]:
+    """(guide, avoid): guide = the expert's next answer (``click 3 (button 'OK')``); avoid =
+    the step's own action when it was wrong, else the scripted plausible mistake, both named
+    without a number (``click link 'Cancel'``)."""
+    nxt = plan[0] if plan else None
+    guide = element_answer(nxt, listed) if nxt is not None else None
+    if guide is None:
+        guide = "the goal is reached" if plan == [] else "do what the task asks"
+    if not good:
+        own = element_answer(action, listed, False) if action.is_valid and executed else None
+        return guide, own or f"an invalid answer ({_short(action.reason or 'not executed', 40)})"
+    try:
+        mistakes = [m for m in wrong(truth) if m.name != "type"]
+    except NoPlan:
+        mistakes = []
+    plain_guide = element_answer(nxt, listed, False) if nxt is not None else None
+    for m in mistakes:
+        said = element_answer(m, listed, False)
+        if said is not None and said != plain_guide:
+            return guide, said
+    return guide, "any element the task does not name"
 
 
 # --- guidance texts --------------------------------------------------------------------------

@@ -40,7 +40,6 @@ from workflows.common.pipeline_config import TRAINED_ANALYZER, PipelineConfig
 MODEL_DIR = "analyzer_model"
 SFT_RUN = "analyzer_sft"
 REPORT = "analyzer_report"
-END_OF_TURN = "<|im_end|>"
 
 
 @dataclass(frozen=True)
@@ -104,11 +103,6 @@ class SampleBuilder:
         self.encoder = PromptEncoder.from_pretrained(model_path)
         self.full_prompt = full_prompt
         self.target_prefix = target_prefix
-        tok = self.encoder.tokenizer
-        eot = tok.convert_tokens_to_ids(END_OF_TURN)
-        self.end_ids = [eot] if isinstance(eot, int) and eot != tok.unk_token_id else []
-        if not self.end_ids and tok.eos_token_id is not None:
-            self.end_ids = [int(tok.eos_token_id)]
 
     def prompt_ids(self, t: Mapping[str, Any]) -> list[int]:
         from serve_apps.prompting.analyzer import analyzer_messages
@@ -122,8 +116,7 @@ class SampleBuilder:
         return self.encoder.encode(messages, self.encoder.load_images(images)).prompt_ids
 
     def target_ids(self, answer: str) -> list[int]:
-        ids = self.encoder.tokenizer.encode(self.target_prefix + answer, add_special_tokens=False)
-        return list(ids) + self.end_ids
+        return self.encoder.answer_ids(self.target_prefix + answer)
 
     def row(self, item: Labeled) -> dict[str, Any]:
         t = item.transition

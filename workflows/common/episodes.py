@@ -216,7 +216,7 @@ async def play_episode(
                         list(history),
                         before.png,
                         after.png,
-                        style.screen_context(before),
+                        style.screen_context(before, instruction),
                         response,
                         action,
                         executed_action_json(action, result),

@@ -86,6 +86,24 @@ def select_tasks(
     return [t for group in kept.values() for t in group[: seeds_per_task or len(group)]]
 
 
+def round_robin(tasks: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+    """The task payloads reordered so that consecutive entries cycle through the task names
+    (in a seeded order, instances shuffled per name): a run that plays only the first few
+    groups still sees every task, instead of 200 instances of the first one."""
+    import random
+
+    rng = random.Random(seed)
+    by_name: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for task in tasks:
+        by_name[str(task["task"])].append(task)
+    names = sorted(by_name)
+    rng.shuffle(names)
+    for name in names:
+        rng.shuffle(by_name[name])
+    longest = max((len(v) for v in by_name.values()), default=0)
+    return [by_name[n][i] for i in range(longest) for n in names if i < len(by_name[n])]
+
+
 @contextlib.contextmanager
 def environment(env: EnvClientConfig, log_path: Path) -> Iterator[str]:
     """The configured environment service URL, or an embedded server for the command."""

@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -87,6 +88,12 @@ class TinyModelSpec(BaseModel):
     vision_depth: int = Field(2, ge=1, description="Vision tower blocks.")
     min_pixels: int = Field(32 * 32, ge=32 * 32, description="Processor's smallest image area.")
     max_pixels: int = Field(256 * 256, ge=32 * 32, description="Processor's largest image area.")
+    corpus: Literal["toolcall", "elements"] = Field(
+        "toolcall",
+        description="Tokenizer training text: tool-call answers and analyzer JSON; 'elements' "
+        "adds the elements prompt style's lines (serve_apps.prompting.elements), so element "
+        "listings and short answers take few tokens.",
+    )
 
     def digest(self) -> str:
         blob = json.dumps(self.model_dump(), sort_keys=True).encode()
@@ -205,6 +212,37 @@ def _tokenizer_corpus() -> list[str]:
     return corpus
 
 
+def _elements_corpus() -> list[str]:
+    """Prompts, answers and judgments of the elements style, on MiniWoB-like words. Fixed, so
+    a warm-start policy and the analyzer initialized from it share the tokenizer."""
+    import random
+
+    from env_client.tasks import load_task_list
+
+    rng = random.Random(4321)
+    roles = ["text", "button", "link", "textbox", "checkbox", "radio", "tab", "combobox"]
+    words = sorted({w.strip(".,'\"") for t in load_task_list().tasks.values()
+                    for w in t.description.split()} | {"OK", "Cancel", "Submit", "Yes", "No"})  # fmt: skip
+    corpus = []
+    for _ in range(2000):
+        lines = ["Task: " + " ".join(rng.choice(words) for _ in range(rng.randint(3, 9))),
+                 "Elements:"]  # fmt: skip
+        for i in range(rng.randint(2, 10)):
+            name = " ".join(rng.choice(words) for _ in range(rng.randint(0, 3)))
+            flag = rng.choice(["", " focused", " checked", " unchecked", ' value="abc"'])
+            lines.append(f'{i} {rng.choice(roles)} "{name}" {rng.randint(0, 999)} '
+                         f"{rng.randint(0, 999)}{flag}")  # fmt: skip
+        answer = rng.choice([f"click {rng.randint(0, 12)}", f'type "{rng.choice(words)}"',
+                             "key enter"])  # fmt: skip
+        lines += [f"Previous: {answer}; click {rng.choice(roles)} '{rng.choice(words)}'", "Screen:"]
+        corpus += ["\n".join(lines), answer]
+        guide = f"click {rng.randint(0, 12)} ({rng.choice(roles)} '{rng.choice(words)}')"
+        judgment = {"consistency": rng.randint(0, 1), "effectiveness": rng.randint(0, 1),
+                    "guide": guide, "avoid": guide[::-1]}  # fmt: skip
+        corpus.append(json.dumps(judgment))
+    return corpus
+
+
 def build_tokenizer(spec: TinyModelSpec):  # -> transformers.Qwen2Tokenizer
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import Qwen2Tokenizer
@@ -223,7 +261,10 @@ def build_tokenizer(spec: TinyModelSpec):  # -> transformers.Qwen2Tokenizer
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    bpe.train_from_iterator(_tokenizer_corpus(), trainer=trainer)
+    corpus = _tokenizer_corpus()
+    if spec.corpus == "elements":
+        corpus += _elements_corpus()
+    bpe.train_from_iterator(corpus, trainer=trainer)
     tok = Qwen2Tokenizer(tokenizer_object=bpe, errors="replace")
     tok.add_special_tokens({"additional_special_tokens": QWEN_SPECIAL_TOKENS})
     tok.add_tokens(QWEN_ADDED_TOKENS)

@@ -62,6 +62,9 @@ class RolloutConfig(_Strict):
         2, ge=1, description="Groups each worker plays concurrently (episodes = groups × G)."
     )
     train_split: str = Field("train", description="Task split the rollouts draw from.")
+    tasks: list[str] | None = Field(
+        None, min_length=1, description="Task names to train on (None: every task of the split)."
+    )
     max_steps: int = Field(30, ge=1, le=200, description="Step limit per training episode.")
     history_screens: int = Field(3, ge=1, description="Screenshots kept in the context (H).")
     pause_s: float = Field(0.5, ge=0, description="Pause after each action before observing.")
@@ -114,10 +117,12 @@ class OnlineRLConfig(_Strict):
         description="Environment service; server_url None starts the embedded server (env.embedded).",
     )
     policy: PolicyAppConfig = Field(
-        description="Policy deployment; model_path 'tiny:<seed>' builds a tiny model offline."
+        description="Policy deployment; model_path 'tiny:<seed>' builds a random tiny model offline, "
+        "'warm:<seed>' the cached warm start (python -m workflows.warm_start)."
     )
     analyzer: AnalyzerAppConfig = Field(
-        description="Analyzer deployment; model_path 'tiny:<seed>' builds a tiny model offline."
+        description="Analyzer deployment; model_path 'tiny:<seed>' builds a random tiny model offline, "
+        "'warm:<seed>' the analyzer trained with that warm start."
     )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     buffer: BufferConfig = Field(default_factory=BufferConfig)

@@ -18,7 +18,6 @@ from typing import Any
 
 from train_loops.jsonl import JsonlWriter, read_jsonl
 from workflows.common.config_io import dump_config
-from workflows.common.tiny_models import is_tiny
 from workflows.online_rl.config import OnlineRLConfig
 from workflows.online_rl.metrics import (
     DashboardMetrics,
@@ -222,12 +221,17 @@ def _resolved_models(cfg: OnlineRLConfig, resume_dir: Path | None, version: int)
 
 
 def _model_path(path: str, name: str) -> str:
-    if not is_tiny(path):
-        return str(Path(path).expanduser())
-    from workflows.common.tiny_models import TinyModelSpec, tiny_checkpoint
+    """A folder, ``tiny:<seed>`` (random tiny checkpoint) or ``warm:<seed>`` (the cached warm
+    start's policy/analyzer, built on first use) → a local checkpoint folder."""
+    from workflows.warm_start.config import is_warm
 
-    seed = int(path[len("tiny:") :] or 0)
-    return str(tiny_checkpoint(name, TinyModelSpec(seed=seed)))
+    if is_warm(path):
+        from workflows.warm_start.build import warm_member
+
+        return str(warm_member(path, name))
+    from workflows.common.pipeline import resolve_model_path
+
+    return resolve_model_path(path, name)
 
 
 def _start_serving(cfg: OnlineRLConfig) -> None:
@@ -266,6 +270,7 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
     import ray
 
     from env_client.tasks import load_tasks
+    from workflows.common.pipeline import round_robin, select_tasks
     from workflows.online_rl.buffer import TrajectoryBuffer
     from workflows.online_rl.rl_phases import ResumePoint, resume_point
     from workflows.online_rl.rollout import RolloutWorker
@@ -296,7 +301,8 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
             JobState(run_dir).load(point.version).get("cursor", 0),
         )
     )
-    tasks = load_tasks(cfg.rollout.train_split)
+    split = select_tasks(load_tasks(cfg.rollout.train_split), cfg.rollout.tasks, None)
+    tasks = round_robin(split, cfg.seed)
     worker_cls = ray.remote(RolloutWorker)
     workers: list[Any] = [
         worker_cls.options(num_cpus=cfg.rollout.worker_num_cpus, max_concurrency=64).remote(

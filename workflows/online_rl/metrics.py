@@ -58,7 +58,7 @@ def progress_line(rec: Mapping[str, Any]) -> str:
         f"v{g('serve/policy_version', '{:.0f}')} | episodes {g('rollout/episodes', '{:.0f}')} "
         f"success {g('rollout/success_rate', '{:.2f}')} | env {g('env/steps_per_s', '{:.2f}')} st/s "
         f"| lag {g('rollout/mean_version_lag', '{:.2f}')} | loss pg {g('loss/pg')} "
-        f"sd {g('loss/sd')} | idle {g('train/idle_frac', '{:.2f}')} "
+        f"sd {g('loss/sd')} gate {g('sd/gate_mean', '{:.2f}')} | idle {g('train/idle_frac', '{:.2f}')} "
         f"| mem {g('mem/job_pss_gb', '{:.1f}')} GiB"
     )
 

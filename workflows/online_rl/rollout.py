@@ -297,7 +297,7 @@ class RolloutWorker:
                 "history": history,
                 "screenshot_before": before.png,
                 "screenshot_after": after.png,
-                "context": self.style.screen_context(before),
+                "context": self.style.screen_context(before, instruction),
                 "response": response,
                 "action": action,
             }

@@ -1,0 +1,57 @@
+"""The main job learns from a warm start: a small warm start is built by the real pipeline
+(scripted demonstrations in Chromium → behaviour cloning through Ray Train + DeepSpeed → the
+analyzer pipeline), then two RL steps of the online job from it give a non-zero
+policy-gradient loss (groups that sometimes succeed) and distillation targets (the analyzer's
+judgments are usable on part of the steps)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from train_loops.jsonl import read_jsonl
+from workflows.common.config_io import load_config
+from workflows.online_rl.config import OnlineRLConfig
+from workflows.warm_start.build import REPORT, problems, warm_start
+from workflows.warm_start.config import load
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
+
+# Tasks the small warm start half learns: GRPO groups on them have reward variance.
+TASKS = "[click-button,click-dialog-2,click-tab]"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_rl_steps_from_a_small_warm_start(tmp_path: Path, ray_cluster) -> None:
+    cfg = load(overrides=[
+        f"cache_dir={tmp_path / 'cache'}", f"tasks={TASKS}", "demos.seeds_per_task=16",
+        "bc.steps=120", "check.seeds_per_task=2", "analyzer.seeds_per_task=6",
+        "analyzer.epochs=5",
+    ])  # fmt: skip
+    folder = warm_start(cfg)
+    assert problems(folder) == [] and folder == cfg.folder
+    report = json.loads((folder / REPORT).read_text())
+    assert report["guidance_gap"]["n"] > 0 and report["analyzer"]["num_train"] > 0
+    assert warm_start(cfg) == folder  # cached: found, not rebuilt
+
+    rl = load_config(OnlineRLConfig, "embedded", [
+        f"runs_dir={tmp_path}", "run_name=warm-rl", f"policy.model_path={folder / 'policy'}",
+        f"analyzer.model_path={folder / 'analyzer'}", f"rollout.tasks={TASKS}",
+        "trainer.max_steps=2", "trainer.checkpoint_every=2", "trainer.cpus_per_worker=0.5",
+        f"serve_http_port={_free_port()}", "progress_every_s=5",
+    ])  # fmt: skip
+    from workflows.online_rl import job
+
+    job.run(rl)
+    steps = [r for r in read_jsonl(rl.run_dir / "train_metrics.jsonl") if "loss/pg" in r]
+    assert len(steps) == 2
+    assert any(abs(r["loss/pg"]) > 0 for r in steps), steps
+    assert min(r["sd/frac_masked"] for r in steps) < 1.0, steps
