@@ -37,6 +37,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 SEEDS = (0, 1, 2)  # fixed before any result was seen
 ARMS = {"grpo": "off", "grpo+sd": "gated"}
+CYCLE = 48  # episodes in one pass over the 12 training task names (group size 4)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,7 +64,7 @@ def rl_run(arm: str, seed: int, args: argparse.Namespace, out: Path) -> dict[str
     name = f"{arm.replace('+', '-')}-s{seed}"
     cfg = load_config(OnlineRLConfig, "embedded", [
         f"runs_dir={out}", f"run_name={name}", f"seed={seed}", "resume=false",
-        f"loss.sd_type={ARMS[arm]}", f"trainer.max_steps={args.steps}",
+        f"loss.sd_type='{ARMS[arm]}'", f"trainer.max_steps={args.steps}",
         f"trainer.checkpoint_every={args.steps}", "progress_every_s=30",
     ])  # fmt: skip
     t0 = time.time()
@@ -183,11 +184,14 @@ def curves_png(runs: list[dict[str, Any]], path: Path) -> None:
     colors = {"grpo": "tab:blue", "grpo+sd": "tab:red"}
     for r in runs:
         wins = [w for _, w in r["curve"]]
-        k = max(len(wins) // 8, 4)
-        smooth = [statistics.fmean(wins[max(0, i - k + 1) : i + 1]) for i in range(len(wins))]
-        ax.plot(smooth, color=colors[r["arm"]], alpha=0.8, label=f"{r['arm']} seed {r['seed']}")
+        # Tasks come round-robin, so a window shorter than one pass over all task names
+        # (12 names x 4 episodes) would show the task mix, not the policy.
+        k = min(CYCLE, max(len(wins) // 2, 1))
+        xs = range(k - 1, len(wins))  # full windows only
+        smooth = [statistics.fmean(wins[i - k + 1 : i + 1]) for i in xs]
+        ax.plot(xs, smooth, color=colors[r["arm"]], alpha=0.8, label=f"{r['arm']} seed {r['seed']}")
     ax.set_xlabel("training episode")
-    ax.set_ylabel("success (moving mean)")
+    ax.set_ylabel(f"success (mean of the last {CYCLE} episodes)")
     ax.set_title("Training success: GRPO-only vs GRPO + value-gated SD")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

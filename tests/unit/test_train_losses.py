@@ -86,6 +86,19 @@ def test_ppo_clip_both_sides_values_and_gradients() -> None:
     assert lp.grad is not None
     torch.testing.assert_close(lp.grad[:, 0], torch.tensor([0.0, 0.0, 1.5, -0.5]) / 4)
     assert m["pg/clip_frac"] == pytest.approx(0.5)
+    assert m["pg/frac_nonzero_adv"] == 1.0
+
+
+def test_whole_group_at_ratio_one_has_zero_loss_value_but_a_gradient() -> None:
+    # One group, rewards (+1, -1): A = (+0.707, -0.707); ρ = 1 → L_PG = -mean A = 0, yet the
+    # gradient pushes the winner up and the loser down; a zero-variance sample adds nothing.
+    lp = col(0.0, 0.0, 0.0, grad=True)
+    adv = torch.tensor([0.707, -0.707, 0.0])
+    loss, m = policy_gradient_loss(lp, torch.zeros(3, 1), adv, ones_mask(3))
+    assert loss.item() == pytest.approx(0.0, abs=1e-7)
+    loss.backward()
+    assert lp.grad is not None and lp.grad[0, 0] < 0 < lp.grad[1, 0] and lp.grad[2, 0] == 0
+    assert m["pg/frac_nonzero_adv"] == pytest.approx(2 / 3)
 
 
 def test_ppo_clip_asymmetric_eps_high() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -147,6 +148,22 @@ def _fields_at(model: type[BaseModel], loc: Sequence[Any]) -> list[str] | None:
         current = fields[part].annotation
     fields = getattr(current, "model_fields", None)
     return sorted(fields) if fields is not None else None
+
+
+def config_from_cli(
+    model: type[M], config: str | Path | None, overrides: Sequence[str], print_config: bool
+) -> M | int:
+    """A command's config, or its exit code: 2 after printing the config error (file, field,
+    value, what is allowed) to stderr; 0 after printing the resolved config (--print-config)."""
+    try:
+        cfg = load_config(model, config, overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if print_config:
+        print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        return 0
+    return cfg
 
 
 def dump_config(cfg: BaseModel, path: str | Path) -> Path:

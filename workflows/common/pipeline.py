@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 from env_client.config import EnvClientConfig
 from serve_apps.config import PolicyAppConfig
-from workflows.common.config_io import ConfigError, load_config
+from workflows.common.config_io import config_from_cli
 from workflows.common.pipeline_config import PipelineConfig
 from workflows.common.tiny_models import TINY_PREFIX, is_tiny
 
@@ -47,17 +46,8 @@ def parse_cli(
         add_args(parser)
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides")
     args = parser.parse_args(argv)
-    try:
-        cfg = load_config(PipelineConfig, args.config, args.overrides)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    if args.print_config:
-        import yaml
-
-        print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-        return 0
-    return cfg, args
+    cfg = config_from_cli(PipelineConfig, args.config, args.overrides, args.print_config)
+    return cfg if isinstance(cfg, int) else (cfg, args)
 
 
 def resolve_model_path(path: str, name: str = "policy") -> str:

@@ -16,9 +16,8 @@ checkpoints and the learning curve are written under ``<runs_dir>/<run_name>/``.
 from __future__ import annotations
 
 import argparse
-import sys
 
-from workflows.common.config_io import ConfigError, load_config
+from workflows.common.config_io import config_from_cli
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,16 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from workflows.online_rl.config import OnlineRLConfig
 
-    try:
-        cfg = load_config(OnlineRLConfig, args.config, args.overrides)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    if args.print_config:
-        import yaml
-
-        print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-        return 0
+    cfg = config_from_cli(OnlineRLConfig, args.config, args.overrides, args.print_config)
+    if isinstance(cfg, int):
+        return cfg
     from workflows.online_rl.job import run  # heavy imports (ray, torch) only after parsing
 
     run(cfg)

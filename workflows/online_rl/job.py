@@ -119,7 +119,6 @@ class Monitor(threading.Thread):
             "env/steps": steps,
             "env/steps_per_s": (steps - self._last.get("steps", 0.0)) / max(dt, 1e-6),
             "rollout/episodes": buf["episodes"],
-            "rollout/success_rate": buf["success_rate"],
             "rollout/groups_started": buf["groups_started"],
             "rollout/groups_completed": buf["groups_completed"],
             "rollout/groups_cancelled": buf["groups_cancelled"],
@@ -137,6 +136,8 @@ class Monitor(threading.Thread):
         }
         for key in ("generate", "env", "analyze", "score"):
             rec[f"latency/{key}_s"] = total.get(f"t_{key}", 0.0) / max(steps, 1.0)
+        if buf["episodes"]:  # no success rate before the first episode ends (not 0.00)
+            rec["rollout/success_rate"] = buf["success_rate"]
         rec["mem/job_pss_gb"] = tree_memory_gb()
         self.peak_mem_gb = max(self.peak_mem_gb, rec["mem/job_pss_gb"])
         rec["mem/peak_job_pss_gb"] = self.peak_mem_gb

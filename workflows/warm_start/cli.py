@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from workflows.common.config_io import ConfigError
-from workflows.warm_start.config import DEFAULT_CONFIG, load
+from workflows.common.config_io import config_from_cli
+from workflows.warm_start.config import DEFAULT_CONFIG, WarmStartConfig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,16 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rebuild", action="store_true", help="build even if cached")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides")
     args = parser.parse_args(argv)
-    try:
-        cfg = load(args.config, args.overrides)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    if args.print_config:
-        import yaml
-
-        print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-        return 0
+    cfg = config_from_cli(WarmStartConfig, args.config, args.overrides, args.print_config)
+    if isinstance(cfg, int):
+        return cfg
     from workflows.warm_start.build import REPORT, warm_start
 
     folder = warm_start(cfg, rebuild=args.rebuild)
