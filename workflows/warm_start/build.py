@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -59,7 +60,7 @@ def warm_start(cfg: WarmStartConfig, rebuild: bool = False) -> Path:
         folder.rename(aside)
     elif folder.exists():
         shutil.rmtree(folder)
-    work = folder.with_name(f"{folder.name}.building-{_pid()}")
+    work = folder.with_name(f"{folder.name}.building-{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     t0 = time.time()
@@ -90,12 +91,6 @@ def warm_member(model_path: str, member: str) -> Path:
     if not seed_text.isdigit():
         raise ValueError(f"model_path {model_path!r}: expected 'warm:<seed>', e.g. 'warm:0'")
     return warm_start(load(overrides=[f"seed={seed_text}"])) / member
-
-
-def _pid() -> int:
-    import os
-
-    return os.getpid()
 
 
 def _build_into(cfg: WarmStartConfig, work: Path, t0: float) -> dict[str, Any]:
@@ -132,7 +127,7 @@ def _policy_stages(cfg: WarmStartConfig, env: Any, work: Path, t0: float) -> dic
 
     init = build_tiny_checkpoint(work / "init", cfg.model_spec)
     tasks = select_tasks(load_tasks(cfg.demos.split), cfg.tasks, None)
-    demo_tasks = [t for t in tasks if int(t["seed"]) < cfg.demos.seeds_per_task + _first(tasks)]
+    demo_tasks = select_tasks(tasks, None, cfg.demos.seeds_per_task)  # each task's first seeds
     demos = asyncio.run(collect_demos(cfg.demos, env, demo_tasks, progress))
     train, held = split_demos(demos, cfg.bc.heldout_frac)
     generic = {name: t.description for name, t in load_task_list().tasks.items()}
@@ -149,10 +144,6 @@ def _policy_stages(cfg: WarmStartConfig, env: Any, work: Path, t0: float) -> dic
              f"guidance gap median {check['guidance_gap'].get('median', float('nan')):.2f} nats")  # fmt: skip
     return {"demos": {"states": len(demos), "train": len(train), "heldout": len(held)},
             "bc_samples": len(rows), **check}  # fmt: skip
-
-
-def _first(tasks: list[dict[str, Any]]) -> int:
-    return min(int(t["seed"]) for t in tasks)
 
 
 def _check(
