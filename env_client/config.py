@@ -126,12 +126,23 @@ class EmbeddedEnvConfig(BaseModel):
         1.0, gt=0, description="retry_after_seconds in a pending allocate answer."
     )
     waiter_ttl_s: float = Field(
-        10.0, gt=0, description="An allocate waiter that stops polling is forgotten after, s."
+        30.0,
+        gt=0,
+        description="An allocate waiter that stops polling is forgotten after, s. Keep it at "
+        "least twice the longest client poll interval (the authors' client polls up to ~10.5 s "
+        "apart), or a waiter loses its place in the queue between two polls.",
     )
     reload_every: int = Field(
         50, ge=1, description="Reload the task page every this many resets (leaks, stale state)."
     )
     browser_start_timeout_s: float = Field(60.0, gt=0, description="One browser start, s.")
+    max_body_bytes: int = Field(
+        1 << 20,
+        ge=1024,
+        le=64 << 20,
+        description="Largest request body; a longer one is refused with 413 before it is read "
+        "or parsed (requests carry actions and task payloads, never images).",
+    )
     chrome_binary: str = Field(
         default_factory=lambda: _env_or("MINIWOB_CHROME_BINARY", DEFAULT_CHROME_BINARY),
         description="Chromium binary (env MINIWOB_CHROME_BINARY).",

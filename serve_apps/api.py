@@ -74,7 +74,7 @@ class GenerateRequest(ChatInput):
     temperature: float | None = Field(None, ge=0.0, le=10.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     max_new_tokens: int | None = Field(None, ge=1, le=32768)
-    seed: int | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)  # torch.manual_seed's range
 
 
 class ScoreRequest(ChatInput):

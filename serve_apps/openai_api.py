@@ -5,7 +5,8 @@ Ordinary clients talk to the served model: images come as ``image_url`` parts ho
 returns the sampled tokens' log-probs, ``stream=true`` sends the finished answer as SSE chunks.
 Extras beside the OpenAI fields: ``weight_version`` (also as ``system_fingerprint`` ``v<N>``).
 Bad requests get OpenAI-style JSON errors: 400 (invalid field, bad image, too many tokens,
-unsupported option) or 404 (unknown model).
+unsupported option), 404 (unknown model or route), 405 (wrong method) or 413 (a body longer
+than the deployment's ``max_body_bytes``, refused before it is parsed).
 
 Built per replica by :func:`build_openai_app`, so the routes call the replica's own methods.
 """
@@ -14,17 +15,20 @@ from __future__ import annotations
 
 import base64
 import binascii
+import io
 import json
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any, Literal, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve_apps.api import GenerateRequest, GenerateResult
 from serve_apps.errors import RequestError, format_validation
@@ -35,6 +39,7 @@ class ModelServer(Protocol):
     protocol, so this module does not import the server that builds it."""
 
     model_name: str
+    cfg: Any  # .max_body_bytes: the request body limit
     backend: Any  # .version: the loaded weights' version
     encoder: Any  # .tokenizer: decodes sampled token ids
 
@@ -43,6 +48,9 @@ class ModelServer(Protocol):
     async def check_health(self) -> None: ...
 
 
+# Qwen-VL image processors refuse images more elongated than this (a ValueError deep in
+# preprocessing, which answered 500); such an image is refused here as a bad request instead.
+MAX_ASPECT_RATIO = 200
 _DATA_URL = re.compile(r"^data:(image/[\w.+-]+)?(;[\w-]+=[\w.-]+)*;base64,(?P<data>.*)$", re.S)
 
 
@@ -80,7 +88,8 @@ class ChatCompletionRequest(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    seed: int | None = Field(None, ge=0)
+    # Bounded: torch.manual_seed and vLLM take 64-bit seeds; a larger one crashed the batch.
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
     n: int = Field(1, ge=1)
     stream: bool = False
     logprobs: bool = False
@@ -91,8 +100,10 @@ class ChatCompletionRequest(BaseModel):
 
 def build_openai_app(server: ModelServer) -> FastAPI:
     app = FastAPI(title=f"{server.model_name} (OpenAI-compatible)", docs_url=None, redoc_url=None)
+    app.add_middleware(BodyLimit, max_bytes=server.cfg.max_body_bytes)
     app.add_exception_handler(RequestError, _request_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -122,6 +133,80 @@ def build_openai_app(server: ModelServer) -> FastAPI:
         return {"status": "ok", "weight_version": server.backend.version}
 
     return app
+
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class BodyLimit:
+    """ASGI middleware: bodies over ``max_bytes`` get 413 before the app reads or parses them.
+
+    A declared Content-Length is checked before a byte is read. A body of unknown length
+    (chunked) is counted as it arrives and handed on whole once it is known to fit, so the
+    app never parses a cut-off body."""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None:
+            if declared > self.max_bytes:
+                await self._refuse(send)
+            else:  # the server enforces the declared length itself
+                await self.app(scope, receive, send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await self._refuse(send)
+                return
+            if not message.get("more_body"):
+                break
+        await self.app(scope, _replay(b"".join(chunks), receive), send)
+
+    async def _refuse(self, send: Send) -> None:
+        message = f"request body exceeds the limit of {self.max_bytes} bytes (max_body_bytes)"
+        body = json.dumps(_error_body(message, "request_too_large", None)).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive() that gives the buffered body once, then what the connection says next."""
+    sent = False
+
+    async def again() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return again
 
 
 def to_generate_request(body: ChatCompletionRequest) -> GenerateRequest:
@@ -157,6 +242,21 @@ def decode_data_url(url: str, where: str) -> bytes:
         return base64.b64decode(match.group("data"), validate=True)
     except (binascii.Error, ValueError) as exc:
         raise RequestError(f"{where}: bad base64 in data URL ({exc})", param=where) from None
+
+
+def _check_shape(raw: bytes, where: str) -> bytes:
+    """Refuse an image whose header states an aspect ratio the model cannot take. Only the
+    header is read; undecodable images are left to the encoder, which names their fault."""
+    try:
+        w, h = Image.open(io.BytesIO(raw)).size
+    except Exception:
+        return raw
+    if min(w, h) > 0 and max(w, h) / min(w, h) > MAX_ASPECT_RATIO:
+        raise RequestError(
+            f"{where}: a {w}x{h} image is more elongated than {MAX_ASPECT_RATIO}:1",
+            param=where,
+        )
+    return raw
 
 
 def completion_body(
@@ -210,7 +310,8 @@ def _content(index: int, msg: OAIMessage, images: list[bytes]) -> str | list[dic
             parts.append({"type": "text", "text": part.text})
         else:
             url = part.image_url if isinstance(part.image_url, str) else part.image_url.url
-            images.append(decode_data_url(url, f"messages[{index}].content[{j}].image_url"))
+            where = f"messages[{index}].content[{j}].image_url"
+            images.append(_check_shape(decode_data_url(url, where), where))
             parts.append({"type": "image"})
     return parts
 
@@ -270,6 +371,21 @@ def _error_body(message: str, code: str, param: str | None) -> dict[str, Any]:
 
 async def _request_error(_: Request, exc: RequestError) -> JSONResponse:
     return JSONResponse(_error_body(exc.message, exc.code, exc.param), status_code=exc.status)
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Routing and framework errors (unknown route, wrong method, unparsable body) in the same
+    OpenAI shape as every other error."""
+    where = f"{request.method} {request.url.path}"
+    if exc.status_code == 404:
+        message, code = f"no route {where}", "not_found"
+    elif exc.status_code == 405:
+        message, code = f"method not allowed: {where}", "method_not_allowed"
+    else:
+        message, code = f"{where}: {exc.detail}", "invalid_request"
+    return JSONResponse(
+        _error_body(message, code, None), status_code=exc.status_code, headers=exc.headers
+    )
 
 
 async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -11,14 +11,21 @@ observe,evaluate,heartbeat}``, ``DELETE /v1/sessions/{id}``. Embedded-only extra
 - ``GET /healthz``.
 
 The reset answer carries ``"instruction"`` (MiniWoB writes the instruction at reset).
+
+Bad input of any kind is a 4xx envelope naming the problem, never a 5xx: bodies longer than
+``max_body_bytes`` get 413 before they are read, a body that is not a JSON object 400, an
+unknown session 404, an Idempotency-Key reused with a different body 422 (as the IETF
+idempotency-key draft says). Releasing is idempotent (an ended session's release answers ok).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import logging
+import re
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -35,6 +42,10 @@ from env_client.server.sessions import Answer, EnvSession, SessionGone, SessionM
 
 log = logging.getLogger(__name__)
 MANAGER_KEY = web.AppKey("manager", SessionManager)
+BODY_LIMIT_KEY = web.AppKey("max_body_bytes", int)
+# Session ids travel in URL paths: a slash or a space would make them unreachable.
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")
+_IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,200}")
 
 
 class BadRequest(ValueError):
@@ -45,15 +56,29 @@ def _error(message: str, status: int) -> web.Response:
     return web.json_response({"ok": False, "error": message}, status=status)
 
 
+def _too_large(limit: int) -> web.Response:
+    return _error(f"request body exceeds the limit of {limit} bytes (max_body_bytes)", 413)
+
+
 @web.middleware
 async def envelope(request: web.Request, handler: Callable[..., Awaitable[Any]]) -> Any:
     """Every answer is an envelope; errors become {"ok": false, "error": …} with a status."""
+    limit = request.app[BODY_LIMIT_KEY]
+    if (request.content_length or 0) > limit:  # refused before a byte of it is read
+        return _too_large(limit)
     try:
         return await handler(request)
     except SessionGone as exc:
         return _error(str(exc), exc.status)
     except (BadRequest, TaskError, CommandError) as exc:
         return _error(str(exc), 400)
+    except web.HTTPRequestEntityTooLarge:  # chunked bodies: aiohttp counts while reading
+        return _too_large(limit)
+    except web.HTTPNotFound:
+        return _error(f"no route {request.method} {request.path}", 404)
+    except web.HTTPMethodNotAllowed as exc:
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        return _error(f"{request.method} not allowed on {request.path} (allowed: {allowed})", 405)
     except web.HTTPException as exc:
         return _error(exc.reason or exc.text or "error", exc.status)
     except Exception as exc:
@@ -62,16 +87,34 @@ async def envelope(request: web.Request, handler: Callable[..., Awaitable[Any]])
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
+    """The JSON object of the body ({} when empty); BadRequest for anything else."""
     raw = await request.read()
     if not raw.strip():
         return {}
     try:
         body = json.loads(raw)
-    except ValueError as exc:
-        raise BadRequest(f"body is not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
+        raise BadRequest(f"body is not JSON: {type(exc).__name__}: {exc}"[:300]) from None
     if not isinstance(body, dict):
-        raise BadRequest("body must be a JSON object")
+        raise BadRequest(f"body must be a JSON object, got {type(body).__name__}")
     return body
+
+
+def _key_of(request: web.Request) -> str | None:
+    """The Idempotency-Key header, if sent: 1..200 visible ASCII characters (keys are kept per
+    session, so an unbounded one would be a way to fill memory)."""
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and not _IDEMPOTENCY_KEY.fullmatch(key):
+        raise BadRequest(
+            f"Idempotency-Key must be 1..200 visible ASCII characters, got {len(key)} characters"
+        )
+    return key
+
+
+def _fingerprint(body: dict[str, Any]) -> str:
+    """What a replayed Idempotency-Key must repeat: the body, independent of key order."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _score(meta: dict[str, Any]) -> float:
@@ -90,8 +133,9 @@ class EnvServer:
         self.faults = FaultBook(cfg.faults)
 
     def build(self) -> web.Application:
-        app = web.Application(middlewares=[envelope], client_max_size=4 * 1024 * 1024)
+        app = web.Application(middlewares=[envelope], client_max_size=self.cfg.max_body_bytes)
         app[MANAGER_KEY] = self.mgr
+        app[BODY_LIMIT_KEY] = self.cfg.max_body_bytes
         r = app.router
         r.add_post("/v1/sessions", self.allocate)
         r.add_get("/v1/sessions", self.list_sessions)
@@ -150,8 +194,14 @@ class EnvServer:
     async def allocate(self, request: web.Request) -> web.Response:
         body = await _body(request)
         sid = body.get("session_id")
-        if sid is not None and (not isinstance(sid, str) or not 0 < len(sid) <= 200):
-            raise BadRequest("session_id must be a string of 1..200 characters")
+        if sid is not None and (not isinstance(sid, str) or not _SESSION_ID.fullmatch(sid)):
+            raise BadRequest(
+                "session_id must be 1..200 characters of letters, digits and ._:- "
+                f"(starting with a letter or digit), got {str(sid)[:60]!r}"
+            )
+        runtime = body.get("runtime")
+        if runtime is not None and (not isinstance(runtime, str) or not runtime):
+            raise BadRequest(f"runtime must be a non-empty string, got {str(runtime)[:60]!r}")
         if (early := await self._fault("allocate", sid, "before", None)) is not None:
             return early
         got = self.mgr.allocate(sid)
@@ -174,18 +224,22 @@ class EnvServer:
 
     async def heartbeat(self, request: web.Request) -> web.Response:
         sid = request.match_info["sid"]
+        await _body(request)  # {} or empty; anything else is the caller's mistake
         if (early := await self._fault("heartbeat", sid, "before", None)) is not None:
             return early
         self.mgr.heartbeat(sid)
+        if (late := await self._fault("heartbeat", sid, "after", None)) is not None:
+            return late  # the heartbeat counted; its answer is lost
         return web.json_response({"ok": True})
 
     async def release(self, request: web.Request) -> web.Response:
         sid = request.match_info["sid"]
+        await _body(request)
         if (early := await self._fault("release", sid, "before", None)) is not None:
             return early
-        self.mgr.waiters.pop(sid, None)  # a caller that gave up waiting
-        if not self.mgr.release(sid, "released by the client"):
-            self.mgr.get(sid)  # raises 410 (ended) or 404 (unknown)
+        self.mgr.release_by_client(sid)  # idempotent; 404 only for ids never seen
+        if (late := await self._fault("release", sid, "after", None)) is not None:
+            return late  # released; the retry that follows must answer ok
         return web.json_response({"ok": True})
 
     async def list_sessions(self, request: web.Request) -> web.Response:
@@ -199,6 +253,8 @@ class EnvServer:
 
     async def add_faults(self, request: web.Request) -> web.Response:
         body = await _body(request)
+        if not isinstance(body.get("rules", []), list):
+            raise BadRequest(f"rules must be a list of fault rules, got {body['rules']!r}"[:200])
         try:
             rules = [FaultRule.model_validate(r) for r in body.get("rules", [])]
         except ValidationError as exc:
@@ -216,12 +272,14 @@ class EnvServer:
     ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
             sid = request.match_info["sid"]
-            key = request.headers.get("Idempotency-Key")
+            key = _key_of(request)
             body = await _body(request)
             if (early := await self._fault(op, sid, "before", key)) is not None:
                 return early
             session = self.mgr.get(sid)
-            status, answer = await self.mgr.run(session, op, key, lambda: work(session, body))
+            status, answer = await self.mgr.run(
+                session, op, key, _fingerprint(body), lambda: work(session, body)
+            )
             if (late := await self._fault(op, sid, "after", key)) is not None:
                 return late
             return web.json_response(answer, status=status)
@@ -330,7 +388,7 @@ class EnvServer:
                 **truth,
             }
 
-        status, answer = await self.mgr.run(session, "debug", None, work)
+        status, answer = await self.mgr.run(session, "debug", None, "", work)
         return web.json_response(answer, status=status)
 
 

@@ -7,7 +7,10 @@
   a repeated key waits for / replays the first answer instead of acting twice.
 - Sessions without heartbeat for ``heartbeat_timeout_s`` are reclaimed; ended sessions answer
   410 with the reason, unknown ones 404. A released desktop returns to the pool once the
-  operation still running on it (if any) has finished.
+  operation still running on it (if any) has finished. Releasing is idempotent: releasing an
+  ended session answers ok, so a retried release after a lost answer is not a failure.
+- A waiter that stops polling is forgotten after ``waiter_ttl_s`` (kept well above the
+  clients' poll intervals, so polling waiters keep their place).
 """
 
 from __future__ import annotations
@@ -61,7 +64,10 @@ class EnvSession:
     created: float = field(default_factory=time.monotonic)
     last_heartbeat: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    ops: OrderedDict[str, tuple[str, asyncio.Task[Answer]]] = field(default_factory=OrderedDict)
+    # Idempotency-Key -> (operation, body fingerprint, its running or finished answer)
+    ops: OrderedDict[str, tuple[str, str, asyncio.Task[Answer]]] = field(
+        default_factory=OrderedDict
+    )
     task: str | None = None
     seed: Any = None
     instruction: str | None = None
@@ -192,12 +198,27 @@ class SessionManager:
         if session is None:
             return False
         session.ended = reason
-        self.ended[sid] = reason
-        while len(self.ended) > _ENDED_MEMORY:
-            self.ended.popitem(last=False)
+        self._remember_ended(sid, reason)
         self._spawn(self._recycle(session.desktop, session))
         log.info("session %s ended: %s (%d live)", sid, reason, len(self.sessions))
         return True
+
+    def _remember_ended(self, sid: str, reason: str) -> None:
+        self.ended[sid] = reason
+        while len(self.ended) > _ENDED_MEMORY:
+            self.ended.popitem(last=False)
+
+    def release_by_client(self, sid: str) -> None:
+        """A client's release: idempotent. A live session ends; one that already ended (an
+        earlier release whose answer was lost, a reclaim, a crash) or a waiter that gives up
+        is fine too; only an id this server never saw raises 404."""
+        if self.release(sid, "released by the client"):
+            return
+        if self.waiters.pop(sid, None) is not None:
+            self._remember_ended(sid, "released while waiting")  # a retry answers ok too
+            return
+        if sid not in self.ended:
+            raise SessionGone(404, f"no session {sid}")
 
     def heartbeat(self, sid: str) -> None:
         self.get(sid).last_heartbeat = time.monotonic()
@@ -216,20 +237,33 @@ class SessionManager:
     # --- operations --------------------------------------------------------------------
 
     async def run(
-        self, session: EnvSession, op: str, key: str | None, work: Callable[[], Awaitable[Answer]]
+        self,
+        session: EnvSession,
+        op: str,
+        key: str | None,
+        fingerprint: str,
+        work: Callable[[], Awaitable[Answer]],
     ) -> Answer:
-        """Run ``work`` under the session lock; replay or wait for a known Idempotency-Key."""
+        """Run ``work`` under the session lock; replay or wait for a known Idempotency-Key.
+
+        A key names one request: reusing it for another operation (400) or with another body
+        (422) is refused rather than answered with the first request's result."""
         if key is None or not self.cfg.idempotency:
             return await self._locked(session, work)
         known = session.ops.get(key)
         if known is None:
             task = asyncio.ensure_future(self._locked(session, work))
-            session.ops[key] = (op, task)
+            session.ops[key] = (op, fingerprint, task)
             self._trim_ops(session)
         else:
-            known_op, task = known
+            known_op, known_print, task = known
             if known_op != op:
                 return 400, _error(f"Idempotency-Key {key!r} was used for {known_op}, not {op}")
+            if known_print != fingerprint:
+                return 422, _error(
+                    f"Idempotency-Key {key!r} was used for a {op} with a different body; "
+                    "a retry must repeat the same request (use a new key for a new one)"
+                )
         done, _ = await asyncio.wait({task}, timeout=self.cfg.long_op_wait_s)
         if not done:  # still running: the client repeats the same request later
             return 200, {
@@ -243,7 +277,7 @@ class SessionManager:
     def _trim_ops(self, session: EnvSession) -> None:
         while len(session.ops) > self.cfg.idempotency_cache:
             oldest = next(iter(session.ops))
-            if not session.ops[oldest][1].done():
+            if not session.ops[oldest][2].done():
                 break
             session.ops.popitem(last=False)
 

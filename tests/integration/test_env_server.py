@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import subprocess
 import sys
 import time
@@ -466,3 +467,60 @@ def test_server_cli_help():
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     assert "--capacity" in out.stdout and "--step-delay-s" in out.stdout
+
+
+# --- protocol edges found with the authors' client; bad input --------------------------------
+
+
+def test_release_whose_answer_is_lost_is_retried_to_ok(server, caplog):
+    """An "after" fault on release: the session ends but the answer is lost; the retried
+    release must answer ok (it answered 410 before, and the client logged a failure)."""
+
+    async def go() -> None:
+        async with EnvClient(_cfg(server.url)) as client:
+            async with client.session() as s:
+                await arm(
+                    server,
+                    {"op": "release", "kind": "http_503", "phase": "after",
+                     "session_id": s.session_id},
+                    {"op": "heartbeat", "kind": "http_503", "phase": "after",
+                     "session_id": s.session_id},
+                )  # fmt: skip
+                await s.heartbeat()  # the lost heartbeat answer is retried too
+            assert await fired(server) == [1, 1]
+            assert await live_count(server) == 0
+            url = f"{server.url}/v1/sessions/{s.session_id}"
+            assert await _http("DELETE", url) == (200, {"ok": True})  # once more: still ok
+
+    with caplog.at_level("WARNING", logger="env_client.client"):
+        run(go())
+    assert "release failed" not in caplog.text
+
+
+def test_fuzz_probes_on_a_live_session_get_named_4xx_and_change_nothing(server):
+    from benchmarks.fuzz_http import EnvTarget, Tally, draw, env_healthy, env_session, run_probes
+
+    async def go() -> None:
+        async with aiohttp.ClientSession() as http:
+            sid = await env_session(http, server.url)
+
+            async def beat() -> None:
+                while True:
+                    await http.post(f"{server.url}/v1/sessions/{sid}/heartbeat", json={})
+                    await asyncio.sleep(0.3)
+
+            beating = asyncio.ensure_future(beat())
+            try:
+                target = EnvTarget(max_body_bytes=1 << 20, session_id=sid, fault_api=True,
+                                   marker=str(server.log_path.parent / "pwned"))  # fmt: skip
+                tally = Tally()
+                await run_probes(
+                    http, draw(random.Random(3), 80, (server.url, target), None), tally
+                )
+                assert tally.counts["4xx"] == 80, tally.failures
+                assert await env_healthy(http, server.url, target) == []
+            finally:
+                beating.cancel()
+                await _http("DELETE", f"{server.url}/v1/sessions/{sid}")
+
+    run(go())
