@@ -1,5 +1,5 @@
 """Does the main job learn, and does value-gated self-distillation help? GRPO-only against
-GRPO + value-gated SD, from the same warm start, at the same number of RL steps.
+GRPO + value-gated SD, from the same warm start, on the same rollout budget.
 
     python benchmarks/learning.py            # 3 seeds per arm (seeds fixed below), ~60 min
     python benchmarks/learning.py --quick    # 1 seed per arm, ~20 min
@@ -43,12 +43,23 @@ CYCLE = 48  # episodes in one pass over the 12 training task names (group size 4
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="one seed per arm")
-    p.add_argument("--steps", type=int, default=24, help="RL optimizer steps per run")
+    p.add_argument(
+        "--groups", type=int, default=48,
+        help="rollout budget per run: episode groups (G=4 episodes each) played for training",
+    )  # fmt: skip
+    p.add_argument("--steps", type=int, default=1000, help="cap on RL optimizer steps per run")
+    p.add_argument(
+        "--arms", nargs="+", choices=sorted(ARMS), default=list(ARMS), help="arms to run"
+    )
     p.add_argument("--eval-seeds", type=int, default=5, help="eval-split instances per task")
     p.add_argument("--eval-runs", type=int, default=3, help="independent eval runs (Pass@1)")
     p.add_argument("--out", default="runs/learning", help="output folder")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="extra config override for both arms' RL runs (repeatable), e.g. optim.lr=5e-4",
+    )  # fmt: skip
     args = p.parse_args(argv)
-    for name in ("steps", "eval_seeds", "eval_runs"):
+    for name in ("groups", "steps", "eval_seeds", "eval_runs"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     return args
@@ -64,13 +75,14 @@ def rl_run(arm: str, seed: int, args: argparse.Namespace, out: Path) -> dict[str
     name = f"{arm.replace('+', '-')}-s{seed}"
     cfg = load_config(OnlineRLConfig, "embedded", [
         f"runs_dir={out}", f"run_name={name}", f"seed={seed}", "resume=false",
-        f"loss.sd_type='{ARMS[arm]}'", f"trainer.max_steps={args.steps}",
-        f"trainer.checkpoint_every={args.steps}", "progress_every_s=30",
+        f"loss.sd_type='{ARMS[arm]}'", f"rollout.max_groups={args.groups}",
+        f"trainer.max_steps={args.steps}", f"trainer.checkpoint_every={args.steps}",
+        "progress_every_s=30", *args.set,
     ])  # fmt: skip
     t0 = time.time()
     job.run(cfg)
     point = resume_point(cfg.run_dir)
-    if point.checkpoint is None or point.step < args.steps:
+    if point.checkpoint is None:
         raise RuntimeError(f"{name}: no final checkpoint in {cfg.run_dir}")
     return {"arm": arm, "seed": seed, "run": name, "checkpoint": str(point.checkpoint),
             "wall_s": time.time() - t0, **diagnostics(cfg.run_dir)}  # fmt: skip
@@ -85,7 +97,7 @@ def diagnostics(run_dir: Path) -> dict[str, Any]:
     train = [r for r in read_jsonl(run_dir / "train_metrics.jsonl") if "loss/pg" in r]
     rows = [
         r
-        for folder in ("taken", "pending")
+        for folder in ("taken", "pending", "zero_grad")
         for p in sorted((run_dir / "trajectories" / folder).glob("*.parquet"))
         for r in pq.read_table(p, columns=["group_id", "episode_id", "reward"]).to_pylist()
     ]
@@ -143,7 +155,7 @@ def summarize(runs: list[dict[str, Any]], success: dict[str, float], warm: dict[
     lines = ["| arm | held-out success (mean ± std) | per seed | zero-var groups | gate | masked |",
              "|---|---|---|---|---|---|",
              f"| warm start | {100 * success['warm']:.1f} | | | | |"]  # fmt: skip
-    for arm in ARMS:
+    for arm in sorted({r["arm"] for r in runs}, key=list(ARMS).index):
         mine = [r for r in runs if r["arm"] == arm]
         m, s = stats([success[r["run"]] for r in mine])
         per = ", ".join(f"{100 * success[r['run']]:.1f}" for r in mine)
@@ -213,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = SEEDS[:1] if args.quick else SEEDS
     runs = []
     for seed in seeds:
-        for arm in ARMS:
+        for arm in args.arms:
             print(f"[learning] RL run {arm} seed {seed} ({time.time() - t0:.0f}s)", flush=True)
             runs.append(rl_run(arm, seed, args, out))
     checkpoints = {"warm": str(folder / "policy"), **{r["run"]: r["checkpoint"] for r in runs}}
@@ -221,14 +233,21 @@ def main(argv: list[str] | None = None) -> int:
     success = evaluate(checkpoints, args, out)
     table = summarize(runs, success, warm)
     curves_png(runs, out / "learning_curves.png")
-    sd = statistics.fmean(success[r["run"]] for r in runs if r["arm"] == "grpo+sd")
-    grpo = statistics.fmean(success[r["run"]] for r in runs if r["arm"] == "grpo")
+    mean = {
+        arm: statistics.fmean(success[r["run"]] for r in runs if r["arm"] == arm)
+        for arm in args.arms
+    }
     result = {"runs": [{k: v for k, v in r.items() if k != "curve"} for r in runs],
               "success": success, "elapsed_s": time.time() - t0}  # fmt: skip
     (out / "learning.json").write_text(json.dumps(result, indent=2, default=float))
     (out / "learning.md").write_text(table + "\n")
     print(table)
     print(f"[learning] {time.time() - t0:.0f}s; curves: {out / 'learning_curves.png'}")
+    if set(mean) != set(ARMS):  # a probe of one arm: no comparison to report
+        arm = args.arms[0]
+        print(f"learning ({arm} only): rl_gain={100 * (mean[arm] - success['warm']):+.1f}pp")
+        return 0
+    sd, grpo = mean["grpo+sd"], mean["grpo"]
     print(
         f"learning: rl_gain={100 * (sd - success['warm']):+.1f}pp sd_gain={100 * (sd - grpo):+.1f}pp"
     )

@@ -164,6 +164,12 @@ class _ServerConfig(_Config):
     max_image_pixels: int = Field(
         4096 * 4096, ge=64, description="Largest decoded image (width*height) accepted."
     )
+    max_body_bytes: int = Field(
+        64 << 20,
+        ge=1024,
+        description="Largest HTTP request body of the OpenAI endpoint; a longer one is refused "
+        "with 413 before it is parsed (images travel base64-encoded: 4/3 of their bytes).",
+    )
 
     @model_validator(mode="after")
     def _check_devices(self) -> _ServerConfig:
@@ -203,10 +209,11 @@ class PolicyAppConfig(_ServerConfig):
     name: str = Field("policy", min_length=1, description="Serve application/deployment name.")
     route_prefix: str = Field("/policy", description="HTTP prefix; OpenAI base = prefix + '/v1'.")
     weights: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
-    agent_style: Literal["toolcall", "elements"] = Field(
+    agent_style: Literal["toolcall", "elements", "qwen3vl", "evocua"] = Field(
         "toolcall",
         description="The prompt/answer format the checkpoint was trained on "
-        "(serve_apps.prompting.styles): toolcall (METHOD.md §1) or elements (tiny models).",
+        "(serve_apps.prompting.styles): toolcall (METHOD.md §1), elements (tiny models), "
+        "qwen3vl (Qwen3-VL's computer_use prompt) or evocua (EvoCUA's), as the reference agents.",
     )
 
     @field_validator("route_prefix")
@@ -232,7 +239,23 @@ class AnalyzerAppConfig(_ServerConfig):
         description="The analyzer is frozen during RL; enable to follow a registry anyway.",
     )
     full_system_prompt: bool = Field(
-        True, description="Use the detailed analyzer instructions (False: a one-line version)."
+        True,
+        description="compact prompt: the detailed analyzer instructions (False: a one-line "
+        "version); the reference prompt has its own.",
+    )
+    prompt_style: Literal["compact", "reference"] = Field(
+        "compact",
+        description="compact: screens before/after + one-line action summaries (the embedded "
+        "analyzer is trained on it); reference: the reference analyzer's request, with the "
+        "history screenshots and the policy's full earlier responses (production).",
+    )
+
+    fault_rate: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Testing switch: this fraction of analyze requests fail (a seeded draw per "
+        "replica) so that callers' error handling runs for real; 0 in every real run.",
     )
 
     @field_validator("route_prefix")
@@ -283,7 +306,8 @@ def tiny_cpu_example(policy_path: str, analyzer_path: str) -> ServeAppsConfig:
 
 def production_16gpu_example(policy_path: str, analyzer_path: str) -> ServeAppsConfig:
     """16 GPUs, 8 of which serve: 6 policy replicas (1 GPU each, vLLM) and 4 analyzer replicas
-    sharing 2 GPUs (0.5 each). METHOD.md defaults: temperature 1, top-p 1, 1024 new tokens."""
+    sharing 2 GPUs (0.5 each). METHOD.md defaults: temperature 1, top-p 1, 1024 new tokens; the
+    analyzer as the reference's (its request style, greedy, up to 4096 answer tokens)."""
     return ServeAppsConfig(
         policy=PolicyAppConfig(
             model_path=policy_path,
@@ -304,7 +328,8 @@ def production_16gpu_example(policy_path: str, analyzer_path: str) -> ServeAppsC
             num_gpus=0.5,
             max_ongoing_requests=64,
             backend=VLLMBackendConfig(gpu_memory_utilization=0.42, max_model_len=16384),
-            sampling=SamplingConfig(temperature=0.0, max_new_tokens=512),
-            max_prompt_tokens=15360,
+            sampling=SamplingConfig(temperature=0.0, max_new_tokens=4096),
+            max_prompt_tokens=12288,
+            prompt_style="reference",
         ),
     )

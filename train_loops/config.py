@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-SDType = Literal["gated", "off", "ungated", "hard", "continuous"]
+SDType = Literal["gated", "off", "ungated", "hard", "continuous", "nogate", "nojudge"]
 
 
 class LossConfig(BaseModel):
@@ -31,14 +31,21 @@ class LossConfig(BaseModel):
     clip_eps_high: float = Field(
         0.2, gt=0.0, description="PPO clip ε_high: the ratio is clipped above at 1+ε_high."
     )
+    ratio_anchor: Literal["behaviour", "recomputed"] = Field(
+        "behaviour",
+        description=(
+            "What the PPO ratio divides by. behaviour: the inference engine's sampling "
+            "log-probs (METHOD.md §4; stale samples are clipped). recomputed: the trainer's "
+            "own log-probs before the update, as the authors' slime setup recomputes them "
+            "(ratio 1 with one update per batch; add tis_cap for a stale-sample correction)."
+        ),
+    )
     tis_cap: float | None = Field(
         None,
         ge=1.0,
         description=(
-            "Truncated importance sampling cap C for stale samples. None: the ratio is taken "
-            "against the behaviour log-probs (METHOD.md §4). Set: decoupled PPO, the ratio is "
-            "taken against the trainer's own detached log-probs and each token is weighted "
-            "by min(π_θ/π_behaviour, C)."
+            "Truncated importance sampling cap C (needs ratio_anchor=recomputed): decoupled "
+            "PPO, each token weighted by min(π_θ/π_behaviour, C). None: no weight."
         ),
     )
     kl_coef: float = Field(
@@ -51,7 +58,8 @@ class LossConfig(BaseModel):
         "gated",
         description=(
             "Self-distillation variant: gated (METHOD.md §5), off (GRPO only), ungated "
-            "(d=+1 everywhere), hard (g = 1[β·d·Δ>0]), continuous (× |2v-1|)."
+            "(d=+1 everywhere), hard (g = 1[β·d·Δ>0]), continuous (× |2v-1|), nogate (g = 1, "
+            "direction d kept), nojudge (direction +1 where d≠0, d=0 still masked)."
         ),
     )
     sd_coef: float = Field(0.01, ge=0.0, description="λ_SD, weight of the self-distillation loss.")
@@ -59,6 +67,8 @@ class LossConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> LossConfig:
+        if self.tis_cap is not None and self.ratio_anchor == "behaviour":
+            raise ValueError("tis_cap needs ratio_anchor='recomputed' (the ratio's anchor)")
         if self.sd_type != "off" and self.sd_coef == 0.0:
             raise ValueError("sd_coef=0 with sd_type!='off': say sd_type='off' to disable SD")
         return self

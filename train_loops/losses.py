@@ -104,26 +104,38 @@ def policy_gradient_loss(
     clip_eps: float = 0.2,
     clip_eps_high: float = 0.2,
     tis_cap: float | None = None,
+    ratio_anchor: str = "behaviour",
 ) -> tuple[Tensor, Metrics]:
     """GRPO/PPO-clip: ``L_PG = -mean_t w_t · min(ρ_t A, clip(ρ_t, 1-ε, 1+ε_high) A)``.
 
     logprobs: [B, T] log π_θ(y_t | c), with grad; behavior_logprobs: [B, T] b_t from sampling;
     advantages: [B] (one per sample, shared by its tokens); loss_mask: [B, T] bool.
 
-    ``tis_cap=None`` (METHOD.md §4): ρ_t = exp(log π_θ - b_t), w_t = 1. With a cap C, decoupled
-    PPO with truncated importance sampling: the ratio is taken against the trainer's own
-    detached log-probs (ρ_t = exp(log π_θ - sg[log π_θ]), value 1) and each token is weighted
-    by the stale-sample correction w_t = min(exp(sg[log π_θ] - b_t), C).
+    ``ratio_anchor="behaviour"`` (METHOD.md §4): ρ_t = exp(log π_θ - b_t), w_t = 1: the ratio
+    against the inference engine's sampling log-probs, so a stale or engine-mismatched sample
+    is clipped. ``"recomputed"`` (the authors' slime setup: old log-probs recomputed by the
+    trainer before its one update per rollout batch): ρ_t = exp(log π_θ - sg[log π_θ]), value
+    1, gradient A·∇log π_θ; with a cap C (``tis_cap``) each token is also weighted by the
+    truncated importance-sampling correction w_t = min(exp(sg[log π_θ] - b_t), C) (decoupled
+    PPO for stale samples). ``tis_cap`` needs the recomputed anchor.
     |log ρ_t| is clamped at ``MAX_LOG_RATIO`` so that exp never overflows.
     """
+    if ratio_anchor not in ("behaviour", "recomputed"):
+        raise ValueError(f"ratio_anchor must be 'behaviour' or 'recomputed', got {ratio_anchor!r}")
+    if tis_cap is not None and ratio_anchor == "behaviour":
+        raise ValueError("tis_cap needs ratio_anchor='recomputed'")
     mask = keep_finite(loss_mask, logprobs, behavior_logprobs)
     lp = masked(logprobs, mask)
     behaviour = masked(behavior_logprobs, mask)
-    if tis_cap is None:
+    if ratio_anchor == "behaviour":
         anchor, weight = behaviour, torch.ones_like(lp)
     else:
         anchor = lp.detach()
-        weight = torch.exp(anchor - behaviour).clamp(max=tis_cap)
+        weight = (
+            torch.ones_like(lp)
+            if tis_cap is None
+            else torch.exp(anchor - behaviour).clamp(max=tis_cap)
+        )
     ratio = torch.exp((lp - anchor).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
     adv = advantages.to(lp.dtype)[:, None]
     unclipped = ratio * adv
@@ -176,17 +188,23 @@ def self_distillation_loss(
     v: Tensor,
     loss_mask: Tensor,
     variant: SelfDistillation,
+    guided: Tensor | None = None,
 ) -> tuple[Tensor, Metrics]:
     """Value-gated self-distillation ``L_SD = mean_samples mean_t d·g_t·m·(T_t - s_t)``.
 
     logprobs: [B, T] s_t = log π_θ(y_t | c) with grad; privileged_logprobs: [B, T] T_t
     (constants from the privileged rescoring); d: [B] ∈ {-1, 0, +1}; v: [B] ∈ [0, 1];
-    loss_mask: [B, T]. ``variant`` supplies the effective direction, the gate g_t (computed
+    loss_mask: [B, T]; guided: [B] bool or None (all True), False where the analyzer gave no
+    guidance text. ``variant`` supplies the effective direction, the gate g_t (computed
     from Δ_t = T_t - sg[s_t], never differentiated) and the magnitude m. Its gradient is
-    ``-d·g_t·m·∇s_t``. Tokens of samples whose effective direction is 0 are masked.
+    ``-d·g_t·m·∇s_t``. Tokens of samples whose effective direction is 0, or that have no
+    guidance (no distillation target, as in the reference), are masked in every variant.
     """
     direction = variant.direction(d.to(logprobs.dtype))
-    mask = keep_finite(loss_mask, logprobs, privileged_logprobs) & (direction != 0)[:, None]
+    active = direction != 0
+    if guided is not None:
+        active = active & guided.to(torch.bool)
+    mask = keep_finite(loss_mask, logprobs, privileged_logprobs) & active[:, None]
     lp = masked(logprobs, mask)
     target = masked(privileged_logprobs, mask)
     delta = (target - lp).detach()
@@ -213,6 +231,7 @@ class RLTerms(NamedTuple):
     d: Tensor
     v: Tensor
     loss_mask: Tensor
+    guided: Tensor | None = None  # [B] bool: the step has guidance text (None: all have)
 
 
 class RLCoefs(NamedTuple):
@@ -224,6 +243,7 @@ class RLCoefs(NamedTuple):
     kl_coef: float = 0.01
     kl_clamp: float = 10.0
     sd_coef: float = 0.01
+    ratio_anchor: str = "behaviour"
 
 
 def rl_loss(
@@ -246,9 +266,16 @@ def rl_loss(
         coefs.clip_eps,
         coefs.clip_eps_high,
         coefs.tis_cap,
+        coefs.ratio_anchor,
     )
     sd, sd_metrics = self_distillation_loss(
-        logprobs, terms.privileged_logprobs, terms.d, terms.v, terms.loss_mask, variant
+        logprobs,
+        terms.privileged_logprobs,
+        terms.d,
+        terms.v,
+        terms.loss_mask,
+        variant,
+        terms.guided,
     )
     total = pg + coefs.sd_coef * sd
     kl = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)

@@ -45,6 +45,8 @@ RL_FIELDS = (
     "advantage",
     "d",
     "v",
+    "guide",
+    "avoid",
 )
 SFT_FIELDS = ("prompt_ids", "target_ids", "screenshots")
 
@@ -100,6 +102,7 @@ class RLObjective:
             kl_coef=loss.kl_coef,
             kl_clamp=loss.kl_clamp,
             sd_coef=loss.sd_coef,
+            ratio_anchor=loss.ratio_anchor,
         )
         return cls(encoder, coefs, make_self_distillation(loss.sd_type, loss.gate_beta), **kw)
 
@@ -107,6 +110,7 @@ class RLObjective:
         require_fields(rows, RL_FIELDS, "RL")
         batch, terms = collate_rl(rows, self.encoder)
         batch = batch.to(self.device, self.dtype)
+        terms = terms._replace(guided=has_guidance(rows))
         terms = RLTerms(*(t.to(self.device) for t in terms))
         logprobs, entropy = response_logprobs(model, batch, with_entropy=True)
         loss, metrics = rl_loss(logprobs, terms, self.coefs, self.variant, self._ref(batch))
@@ -119,6 +123,14 @@ class RLObjective:
         with torch.no_grad():
             ref, _ = response_logprobs(self.reference, batch)
         return ref
+
+
+def has_guidance(rows: Sequence[Row]) -> Tensor:
+    """[B] bool: the step's analyzer gave a guide or an avoid text. A step without guidance has
+    no distillation target and is masked for self-distillation exactly like d = 0 (METHOD.md
+    §2; the reference masks it too), whatever the variant."""
+    texts = [str(r["guide"] or "").strip() or str(r["avoid"] or "").strip() for r in rows]
+    return torch.tensor([bool(t) for t in texts], dtype=torch.bool)
 
 
 def _guidance_gap(rows: Sequence[Row], terms: RLTerms) -> Metrics:

@@ -76,6 +76,23 @@ class ContinuousSD(GatedSD):
 
 
 @dataclass(frozen=True)
+class NoGateSD(GatedSD):
+    """Ablation (the authors' gate off): ``g = 1``, the verdict's direction kept, d = 0 masked."""
+
+    def gate(self, delta: Tensor, direction: Tensor) -> Tensor:
+        return torch.ones_like(delta)
+
+
+@dataclass(frozen=True)
+class NoJudgeSD(GatedSD):
+    """Ablation (the authors' judge gate off, SEED's loss): direction +1 on every judged step,
+    ``g = sigmoid(β·Δ)``; unlike ``ungated``, steps the analyzer left at d = 0 stay masked."""
+
+    def direction(self, d: Tensor) -> Tensor:
+        return (d != 0).to(d.dtype)
+
+
+@dataclass(frozen=True)
 class OffSD(GatedSD):
     """Ablation: GRPO only; every sample is masked, the loss is 0."""
 
@@ -88,6 +105,8 @@ VARIANTS: dict[str, type[GatedSD]] = {
     "ungated": UngatedSD,
     "hard": HardSD,
     "continuous": ContinuousSD,
+    "nogate": NoGateSD,
+    "nojudge": NoJudgeSD,
     "off": OffSD,
 }
 

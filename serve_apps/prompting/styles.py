@@ -9,6 +9,12 @@ the analyzer pipeline's episodes and evaluation all go through the policy's conf
 - ``toolcall``: METHOD.md §1, "Action: …" + a ``computer_use`` tool call; last H screens.
 - ``elements``: :mod:`serve_apps.prompting.elements`, numbered elements and one short answer
   line, for tiny models on the embedded environment.
+- ``qwen3vl``: :mod:`serve_apps.prompting.qwen3vl`, Qwen3-VL's own ``computer_use`` prompt with
+  earlier steps replayed as user(screen)/assistant(response) turns, as the reference agent.
+- ``evocua``: :mod:`serve_apps.prompting.evocua`, EvoCUA's agent prompt, as the reference agent.
+
+The two reference styles keep the policy's *full* responses as history (their ``summarize``
+returns the text unchanged): the prompt replays the last ones and lists every ``Action:`` line.
 
     style = make_style("elements")
     messages, images = style.prompt(instruction, screens, history)
@@ -17,18 +23,19 @@ the analyzer pipeline's episodes and evaluation all go through the policy's conf
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from env_client.actions import Action, parse_response, render_response
 from env_client.observation import png_size
+from serve_apps.prompting import computer_use as cu
 from serve_apps.prompting import elements as el
+from serve_apps.prompting import evocua, qwen3vl
 from serve_apps.prompting.messages import HISTORY_SCREENSHOTS, agent_messages, summarize_response
 
-StyleName = Literal["toolcall", "elements"]
-STYLES: tuple[str, ...] = ("toolcall", "elements")
+StyleName = Literal["toolcall", "elements", "qwen3vl", "evocua"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,8 @@ class Screen:
 
 
 class AgentStyle(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...  # read-only, so frozen dataclasses match
 
     def prompt(
         self, instruction: str, screens: Sequence[Screen], history: Sequence[str]
@@ -129,10 +137,74 @@ class ElementsStyle:
         return "\n".join(el.element_line(e, instruction) for e in screen.elements)
 
 
-def make_style(name: str, history_screens: int = HISTORY_SCREENSHOTS) -> AgentStyle:
-    """The style called ``name`` (a config's ``policy.agent_style``)."""
-    if name == "toolcall":
-        return ToolCallStyle(history_screens=history_screens)
-    if name == "elements":
-        return ElementsStyle()
-    raise ValueError(f"agent style {name!r}: allowed {list(STYLES)}")
+@dataclass(frozen=True)
+class _ComputerUseStyle:
+    """The answer side of the reference families (:mod:`serve_apps.prompting.computer_use`);
+    each subclass sets its dialect and prompt builder."""
+
+    dialect: ClassVar[cu.Dialect] = cu.Dialect(no_line=cu.NO_ACTION)
+
+    def parse(self, text: str, screen: Screen) -> Action:
+        return cu.parse_tool_response(text, self.dialect)
+
+    def summarize(self, text: str, screen: Screen) -> str:
+        return text  # the full response: the prompt replays it and reads its Action: line
+
+    def render(self, action: Action, screen: Screen) -> str | None:
+        return cu.render_tool_response(action) if action.is_valid else None
+
+    def screen_context(self, screen: Screen, instruction: str) -> str:
+        return ""  # the answer carries its own coordinates
+
+    def previous_actions(self, history: Sequence[str]) -> list[str]:
+        """The previous-actions list the prompt shows for these full responses."""
+        return [cu.previous_action(text, self.dialect) for text in history]
+
+
+@dataclass(frozen=True)
+class Qwen3VLStyle(_ComputerUseStyle):
+    """Qwen3-VL's tool-call prompt; H screens = H-1 earlier steps replayed + the current."""
+
+    history_screens: int = qwen3vl.HISTORY_SCREENS
+    name: str = "qwen3vl"
+    dialect: ClassVar[cu.Dialect] = qwen3vl.DIALECT
+
+    def prompt(
+        self, instruction: str, screens: Sequence[Screen], history: Sequence[str]
+    ) -> tuple[list[dict[str, Any]], list[bytes]]:
+        pngs = [s.png for s in screens]
+        return qwen3vl.qwen3vl_messages(instruction, pngs, history, self.history_screens)
+
+
+@dataclass(frozen=True)
+class EvoCUAStyle(_ComputerUseStyle):
+    """EvoCUA's S2 prompt; H screens = H-1 earlier steps replayed + the current."""
+
+    history_screens: int = evocua.HISTORY_SCREENS
+    name: str = "evocua"
+    dialect: ClassVar[cu.Dialect] = evocua.DIALECT
+
+    def prompt(
+        self, instruction: str, screens: Sequence[Screen], history: Sequence[str]
+    ) -> tuple[list[dict[str, Any]], list[bytes]]:
+        pngs = [s.png for s in screens]
+        return evocua.evocua_messages(instruction, pngs, history, self.history_screens)
+
+
+_FACTORIES: dict[str, Callable[[int | None], AgentStyle]] = {
+    "toolcall": lambda h: ToolCallStyle(history_screens=h or HISTORY_SCREENSHOTS),
+    "elements": lambda h: ElementsStyle(),  # the current screen only
+    "qwen3vl": lambda h: Qwen3VLStyle(history_screens=h or qwen3vl.HISTORY_SCREENS),
+    "evocua": lambda h: EvoCUAStyle(history_screens=h or evocua.HISTORY_SCREENS),
+}
+STYLES: tuple[str, ...] = tuple(_FACTORIES)
+
+
+def make_style(name: str, history_screens: int | None = None) -> AgentStyle:
+    """The style called ``name`` (a config's ``policy.agent_style``) showing ``history_screens``
+    screens (H, the current one included) where the style shows several; None = the style's
+    default (the reference agent's for qwen3vl and evocua)."""
+    factory = _FACTORIES.get(name)
+    if factory is None:
+        raise ValueError(f"agent style {name!r}: allowed {list(STYLES)}")
+    return factory(history_screens)

@@ -29,6 +29,7 @@ from train_loops.checkpoint import checkpoint_complete
 from train_loops.jsonl import read_jsonl
 from train_loops.schema import read_parquet, validate_sample
 from workflows.common.config_io import load_config
+from workflows.common.tracking import read_scalars
 from workflows.online_rl.config import OnlineRLConfig
 
 pytestmark = pytest.mark.integration
@@ -229,6 +230,39 @@ def test_async_run_killed_and_resumed(tmp_path: Path, env_server, ray_cluster) -
         by_group.setdefault(r["group_id"], set()).add(r["episode_id"])
     assert all(len(eps) == cfg.rollout.group_size for eps in by_group.values())
 
+    # TensorBoard: A's and B's records in one run folder, B's steps continuing after A's.
+    scalars = read_scalars(run_dir)
+    assert scalars["loss/pg"] and scalars["rollout/success_rate"]
+    steps = [step for step, _ in scalars["env/steps"]]
+    # Every monitor record (not the two phase events; A may die between its two writes).
+    assert steps == sorted(steps) and len(steps) >= len(records) - 3
+    assert len(list((run_dir / "tensorboard").glob("events.out.tfevents.*"))) >= 2
+
     # Every session B opened was handed back.
     assert _live_sessions(env_server.url) == 0
     assert (run_dir / "learning_curve.png").stat().st_size > 0
+
+
+def test_production_config_on_the_embedded_server_fails_fast(
+    tmp_path: Path, env_server, ray_cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OSWorld task files sent to the MiniWoB server: the job stops at its preflight with the
+    server's reason, before any Serve app or trainer starts (no job of failing groups)."""
+    from tests.unit.test_task_sources import osworld_task, write_tree
+    from workflows.online_rl import job
+
+    examples = write_tree(tmp_path / "osworld", {"os": [osworld_task("a1")]})
+    for name, value in {
+        "HF_CKPT": str(tmp_path / "no-policy"),
+        "ANALYZER_MODEL_PATH": str(tmp_path / "no-analyzer"),
+        "GUI_ENV_SERVER_URL": env_server.url,
+        "GUI_TEST_CONFIG_BASE_DIR": str(examples.parent),
+    }.items():
+        monkeypatch.setenv(name, value)
+    cfg = load_config(OnlineRLConfig, "production_qwen3vl", [
+        f"runs_dir={tmp_path}", "run_name=prod", "task_source.splits={train: ../test_all.json}",
+    ])  # fmt: skip
+    with pytest.raises(RuntimeError, match=r"refused task 'a1' of task source 'osworld'") as err:
+        job.run(cfg)
+    assert "runs MiniWoB tasks" in str(err.value)
+    assert not (tmp_path / "prod" / "rl").exists()  # no trainer ever started

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_schema import make_row
-from workflows.online_rl.buffer import TrajectoryBuffer
+from workflows.online_rl.buffer import TrajectoryBuffer, has_gradient
 from workflows.online_rl.config import BufferConfig
 
 
@@ -163,3 +163,72 @@ def test_ending_a_stream_epoch_stops_its_readers_only(tmp_path: Path) -> None:
     assert (s["groups_completed"], s["groups_purged_stale"], s["samples_out"]) == (2, 1, 2)
     assert [p.name for p in (tmp_path / "purged").iterdir()] == ["old.parquet"]
     assert not list((tmp_path / "pending").iterdir())  # a restart restores neither
+
+
+def test_has_gradient_follows_advantage_and_active_distillation() -> None:
+    base = {"advantage": 0.0, "d": 1, "guide": "click OK", "avoid": ""}
+    assert has_gradient({**base, "advantage": -0.5}, "off")
+    assert has_gradient(base, "gated")
+    assert not has_gradient(base, "off")
+    assert not has_gradient({**base, "d": 0}, "gated")
+    assert has_gradient({**base, "d": 0}, "ungated")
+    assert not has_gradient({**base, "guide": ""}, "gated")  # no guidance: no target
+    assert not has_gradient({**base, "guide": "", "d": 0}, "ungated")
+
+
+def test_zero_gradient_samples_are_dropped_and_counted(tmp_path: Path) -> None:
+    async def go():
+        buf = TrajectoryBuffer(
+            BufferConfig(drop_zero_gradient=True), samples_per_step=2,
+            shard_dir=str(tmp_path), sd_type="gated",
+        )  # fmt: skip
+        mixed = _group("g1", 4)
+        for i, r in enumerate(mixed):  # one sample with a gradient (an SD target) of four
+            r.update(advantage=0.0, d=1 if i == 2 else 0, guide="g", avoid="")
+        flat = _group("g2", 3)
+        for r in flat:
+            r.update(advantage=0.0, d=0)
+        for gid, rows in (("g1", mixed), ("g2", flat)):
+            await buf.acquire(0)
+            await buf.put_group(gid, rows, successes=0)
+        return buf, await buf.take(10)
+
+    buf, taken = run(go())
+    assert [r["sample_id"] for r in taken] == ["g1-2"]
+    s = buf.stats()
+    assert (s["samples_dropped_zero_grad"], s["groups_zero_grad"], s["samples_in"]) == (6, 1, 1)
+    assert s["groups_completed"] == 2  # both groups finished; neither lost
+    assert (tmp_path / "zero_grad" / "g2.parquet").exists()
+    assert (tmp_path / "taken" / "g1.parquet").exists()
+
+
+def test_success_rate_per_task_family() -> None:
+    async def go():
+        buf = TrajectoryBuffer(
+            BufferConfig(), samples_per_step=2, kinds={"t-a": "calc", "t-b": "os"}
+        )
+        for gid, task, rewards in (("g1", "t-a", (1.0, -1.0)), ("g2", "t-b", (-1.0, -1.0))):
+            rows = _group(gid, 4)  # episodes e0, e1 (two steps each)
+            for r in rows:
+                r.update(task_id=task, reward=rewards[int(r["episode_id"][-1])])
+            await buf.acquire(0)
+            await buf.put_group(gid, rows, successes=sum(x > 0 for x in rewards))
+        return buf.stats()
+
+    s = run(go())
+    assert (s["success_rate/calc"], s["success_rate/os"], s["success_rate"]) == (0.5, 0.0, 0.25)
+
+
+def test_rollout_budget_closes_the_stream_after_the_last_group() -> None:
+    async def go():
+        buf = TrajectoryBuffer(BufferConfig(), samples_per_step=2, max_groups=2)
+        seqs = [await buf.acquire(0), await buf.acquire(0), await buf.acquire(0)]
+        await buf.put_group("g0", _group("g0", 2), successes=0)
+        still_open = await buf.take(10)  # one group in flight: more rows may come
+        await buf.drop_group("failed")  # the budget's last group ends without rows
+        return seqs, still_open, await buf.take(10)
+
+    seqs, still_open, after = run(go())
+    assert seqs == [0, 1, None]  # no group starts past the budget
+    assert len(still_open) == 2
+    assert after is None  # closed and drained: the trainer's stream ends

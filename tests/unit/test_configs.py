@@ -14,6 +14,7 @@ PROD_ENV = {
     "HF_CKPT": "/ckpt/policy",
     "ANALYZER_MODEL_PATH": "/ckpt/analyzer",
     "GUI_ENV_SERVER_URL": "http://env:8000",
+    "GUI_TEST_CONFIG_BASE_DIR": "/osworld/evaluation_examples",
 }
 
 
@@ -53,12 +54,21 @@ def test_production_configs_carry_method_defaults(
         5.0,
         0.2,
     )
-    assert (
-        cfg.rollout.group_size == 8
-        and cfg.rollout.history_screens == 3
-        and cfg.rollout.pause_s == 0.5
-    )
-    assert cfg.policy.sampling.max_new_tokens == 1024 and cfg.policy.sampling.temperature == 1.0
+    # The reference agents: Qwen3-VL replays 2 earlier steps (H=3) and answers in ≤ 1024
+    # tokens; EvoCUA replays 3 (H=4) and may think for up to 32768.
+    h, tokens = {"production_qwen3vl": (3, 1024), "production_evocua": (4, 32768)}[name]
+    assert cfg.policy.agent_style == name.removeprefix("production_")
+    assert cfg.rollout.group_size == 8 and cfg.rollout.pause_s == 0.5
+    assert cfg.rollout.history_screens == h
+    assert cfg.policy.sampling.max_new_tokens == tokens and cfg.policy.sampling.temperature == 1.0
+    # The authors' launchers: OSWorld task files, trainer-recomputed ratio anchor, zero-gradient
+    # samples dropped, no Entropulse (ComputerRL's, not ComputerSD's).
+    src = cfg.task_source
+    assert (src.kind, src.path) == ("osworld", "/osworld/evaluation_examples/examples")
+    assert src.splits == {"train": "../train_nochrome.json", "eval": "../test_all.json"}
+    assert cfg.loss.ratio_anchor == "recomputed" and cfg.buffer.drop_zero_gradient
+    assert cfg.entropulse.enabled is False
+    assert cfg.rollout.max_groups == 800  # NUM_ROLLOUT=200 batches of 4 tasks
 
 
 def test_production_config_without_env_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:

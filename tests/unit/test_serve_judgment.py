@@ -1,4 +1,5 @@
-"""Analyzer answer parsing and vote combination: valid, malformed and adversarial outputs."""
+"""Analyzer answer parsing (strict, the reference's verdicts) and vote combination: valid,
+malformed and adversarial outputs; every way a step gets d = 0."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ from serve_apps.judgment import combine_votes, parse_vote
 GOOD = '{"consistency": 1, "effectiveness": 1, "guide": "Click OK.", "avoid": "Cancel."}'
 
 
+def answer(c: object, e: object, guide: str = "g", avoid: str = "a") -> str:
+    return f'{{"consistency": {c}, "effectiveness": {e}, "guide": "{guide}", "avoid": "{avoid}"}}'
+
+
 def test_valid_answer() -> None:
     vote = parse_vote(GOOD)
     assert (vote.consistency, vote.effectiveness) == (1, 1)
     assert (vote.guide, vote.avoid, vote.errors) == ("Click OK.", "Cancel.", [])
     j = combine_votes([GOOD])
-    assert (j.d, j.v, j.reason) == (1, 1.0, None)
+    assert (j.d, j.v, j.status, j.reason) == (1, 1.0, "ok", None)
     assert j.guidance == "[GUIDE]\nClick OK.\n\n[AVOID]\nCancel."
     assert j.raw == [GOOD] and len(j.votes) == 1
 
@@ -24,60 +29,81 @@ def test_valid_answer() -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ('Here you go:\n```json\n{"consistency": 0, "effectiveness": 1}\n```\nDone.', (0, 1)),
-        ('```\n{"consistency": "1", "effectiveness": "no"}\n```', (1, 0)),
-        ('{"Consistency": true, " EFFECTIVENESS ": false}', (1, 0)),
-        ('{"consistency": 1.0, "effectiveness": 0.0}', (1, 0)),
-        ("{'consistency': 1, 'effectiveness': True, 'guide': 'x'}", (1, 1)),  # Python literal
-        ('{"judgment": {"consistency": 0, "effectiveness": 0}}', (0, 0)),  # nested one level
+        ("Here you go:\n```json\n" + answer(0, 1) + "\n```\nDone.", (0, 1)),
+        (answer('"1"', '" 0 "'), (1, 0)),  # the strings "0"/"1"
+        (answer("true", "false"), (1, 0)),  # JSON booleans
+        (answer("1.0", "0.0"), (1, 0)),
+        ('{"judgment": ' + answer(0, 0) + "}", (0, 0)),  # the first object with all four keys
+        ('{"consistency": 1, "effectiveness": 1} then ' + answer(0, 1), (0, 1)),
+        (answer(1, 0) + " corrected: " + answer(1, 1), (1, 0)),  # the FIRST one counts
+        ('<think>draft {"consistency": 0}</think>' + answer(1, 1), (1, 1)),
         (
-            '<think>maybe {"consistency": 0, "effectiveness": 0}</think>{"consistency": 1, "effectiveness": 1}',
-            (1, 1),
-        ),
-        (
-            '{"guide": "use {braces} and \\"quotes\\"", "consistency": 1, "effectiveness": 0}',
+            '{"guide": "use {braces} and \\"quotes\\"", "avoid": "", "consistency": 1, '
+            '"effectiveness": 0}',
             (1, 0),
-        ),
-        (
-            'first {"consistency": 0, "effectiveness": 0} then corrected {"consistency": 1, "effectiveness": 1}',
-            (1, 1),
         ),
     ],
 )
-def test_extra_text_fences_and_variants(text: str, expected: tuple[int, int]) -> None:
+def test_answers_the_reference_accepts(text: str, expected: tuple[int, int]) -> None:
     vote = parse_vote(text)
-    assert (vote.consistency, vote.effectiveness) == expected, vote.errors
+    assert vote.valid and (vote.consistency, vote.effectiveness) == expected, vote.errors
 
 
-def test_missing_and_invalid_fields_mask_the_step() -> None:
-    missing = combine_votes(['{"consistency": 1, "guide": "g"}'])
-    assert missing.effectiveness is None and missing.d == 0 and missing.v == 0.5
-    assert "effectiveness missing" in missing.reason
-    invalid = combine_votes(['{"consistency": 2, "effectiveness": "maybe"}'])
-    assert invalid.d == 0 and "consistency=2 is not 0/1" in invalid.reason
-    assert "effectiveness='maybe' is not 0/1" in invalid.reason
-    nothing = combine_votes(["I cannot judge this."])
-    assert nothing.d == 0 and "no JSON object" in nothing.reason
-    bad_direction = combine_votes(['{"consistency": 1, "effectiveness": 0}'])
-    assert (bad_direction.d, bad_direction.v) == (-1, 0.5)
-    worst = combine_votes(['{"consistency": 0, "effectiveness": 0}'])
-    assert (worst.d, worst.v) == (-1, 0.0)
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ('{"consistency": 1, "effectiveness": 1, "guide": "g"}', "no JSON object with"),
+        ("I cannot judge this.", "no JSON object with"),
+        (answer(2, 1), "consistency=2 is not 0 or 1"),
+        (answer(1, '"yes"'), "effectiveness='yes' is not 0 or 1"),
+        (answer(1, "null"), "effectiveness=None is not 0 or 1"),
+        ('{"consistency": 1, "effectiveness": 1, "guide": 3, "avoid": ""}', "guide=3 is not a"),
+        ("{'consistency': 1, 'effectiveness': 1, 'guide': 'g', 'avoid': 'a'}", "no JSON object"),
+        ('{"consistency": 1, "effectiveness": 0, "guide": "click the OK butt', "no JSON object"),
+        ('{"consistency": NaN, "effectiveness": 1, "guide": "", "avoid": ""}', "is not 0 or 1"),
+    ],
+)
+def test_format_errors_are_not_salvaged(text: str, error: str) -> None:
+    vote = parse_vote(text)
+    assert not vote.valid and error in vote.errors[0]
+    j = combine_votes([text])
+    assert (j.d, j.v, j.status) == (0, 0.5, "format_error") and error in j.reason
 
 
-def test_truncated_json_is_salvaged_field_by_field() -> None:
-    vote = parse_vote('{"consistency": 1, "effectiveness": 0, "guide": "click the OK butt')
-    assert (vote.consistency, vote.effectiveness) == (1, 0)
-    assert "recovered fields from malformed JSON" in vote.errors
-    conflicting = parse_vote('"consistency": 1, "consistency": 0, "effectiveness": 1 {')
-    assert conflicting.consistency is None and conflicting.effectiveness == 1
+def test_verdicts_give_the_direction() -> None:
+    assert (combine_votes([answer(1, 0)]).d, combine_votes([answer(1, 0)]).v) == (-1, 0.5)
+    assert (combine_votes([answer(0, 0)]).d, combine_votes([answer(0, 0)]).v) == (-1, 0.0)
 
 
-def test_duplicate_key_with_different_values_is_ambiguous() -> None:
-    vote = parse_vote('{"consistency": 1, "consistency": 0, "effectiveness": 1}')
-    assert vote.consistency is None and vote.effectiveness == 1
-    assert "consistency given twice with different values" in vote.errors
-    same = parse_vote('{"consistency": 1, "consistency": 1, "effectiveness": 1}')
-    assert same.consistency == 1
+def test_empty_guidance_masks_the_step() -> None:
+    j = combine_votes([answer(1, 1, guide="  ", avoid="")])
+    assert (j.consistency, j.effectiveness) == (1, 1)
+    assert (j.d, j.status, j.guide, j.avoid) == (0, "empty_guidance", "", "")
+    one_block = combine_votes([answer(0, 1, guide="", avoid="Do not cancel.")])
+    assert (one_block.d, one_block.avoid) == (-1, "Do not cancel.")
+
+
+def test_majority_of_the_valid_votes() -> None:
+    yes, no = answer(1, 1, guide="yes-guide"), answer(1, 0, guide="no-guide", avoid="longer a")
+    two_of_three = combine_votes([yes, no, yes])
+    assert (two_of_three.consistency, two_of_three.effectiveness, two_of_three.d) == (1, 1, 1)
+    assert two_of_three.guide == "yes-guide"  # the guidance of a vote that agrees
+    # Format errors do not vote: one valid vote out of three decides, as in the reference.
+    assert combine_votes([yes, "garbage", "more garbage"]).d == 1
+    assert combine_votes(["garbage", "more"]).status == "format_error"
+    assert combine_votes([]).status == "format_error"
+
+
+def test_a_tie_masks_the_step_but_keeps_the_guidance() -> None:
+    tie = combine_votes([answer(1, 1, guide="short"), answer(1, 0, guide="a longer guide")])
+    assert (tie.consistency, tie.effectiveness, tie.d, tie.v) == (1, None, 0, 0.5)
+    assert tie.status == "no_majority" and "effectiveness: no majority" in tie.reason
+    assert tie.guide == "a longer guide"  # equal agreement: the longest guidance
+
+
+def test_guidance_from_a_valid_vote_when_the_majority_gave_none() -> None:
+    j = combine_votes([answer(1, 1, "", ""), answer(1, 1, "", ""), answer(1, 0, "click")])
+    assert (j.d, j.guide) == (1, "click")
 
 
 @pytest.mark.parametrize(
@@ -91,9 +117,9 @@ def test_duplicate_key_with_different_values_is_ambiguous() -> None:
         "}" * 100_000,
         '{"a":' * 5000 + "1" + "}" * 5000,  # deep nesting: json's recursion limit
         "[" * 100_000 + "]" * 100_000,
+        '{"a": "' * 20_000,  # many object starts, each a long failed decode
         '{"consistency": ' + "9" * 10_000 + ', "effectiveness": 1}',
-        '{"consistency": 1, "effectiveness": 1, "guide": "' + "x" * 100_000 + '"}',
-        '{"consistency": NaN, "effectiveness": Infinity}',
+        '{"consistency": 1, "effectiveness": 1, "guide": "' + "x" * 100_000 + '", "avoid": ""}',
         "{__import__('os').system('echo pwned')}",
         '\x00\x01{"consistency": 1}\udcff',
         "{}" * 10_000,
@@ -108,23 +134,5 @@ def test_adversarial_outputs_never_raise(text: object) -> None:
 
 
 def test_long_guide_is_cut() -> None:
-    j = combine_votes(['{"consistency": 1, "effectiveness": 1, "guide": "' + "y" * 5000 + '"}'])
+    j = combine_votes([answer(1, 1, guide="y" * 5000)])
     assert j.d == 1 and len(j.guide) == 2000
-
-
-def test_majority_of_all_k_votes() -> None:
-    yes = '{"consistency": 1, "effectiveness": 1, "guide": "yes-guide"}'
-    no = '{"consistency": 1, "effectiveness": 0, "guide": "no-guide", "avoid": "a"}'
-    two_of_three = combine_votes([yes, no, yes])
-    assert (two_of_three.consistency, two_of_three.effectiveness, two_of_three.d) == (1, 1, 1)
-    assert two_of_three.guide == "yes-guide"  # from a vote that agrees with the outcome
-    tie = combine_votes([yes, no])
-    assert tie.effectiveness is None and tie.d == 0
-    assert "effectiveness: no majority (1x1, 1x0, 0 invalid of 2)" in tie.reason
-    # One valid vote out of three is not a majority.
-    weak = combine_votes([yes, "garbage", "more garbage"])
-    assert weak.d == 0 and weak.consistency is None
-    assert "vote 1: no JSON object" in weak.reason
-    strong = combine_votes([no, no, "garbage"])
-    assert (strong.d, strong.guide, strong.avoid) == (-1, "no-guide", "a")
-    assert combine_votes([]).d == 0

@@ -56,7 +56,9 @@ def test_trainer_config_rejects(kwargs: dict, message: str) -> None:
     [
         ({"sd_type": "soft"}, "sd_type"),
         ({"sd_coef": 0.0}, "sd_type='off'"),
-        ({"tis_cap": 0.5}, "tis_cap"),
+        ({"tis_cap": 0.5, "ratio_anchor": "recomputed"}, "tis_cap"),
+        ({"tis_cap": 2.0}, "needs ratio_anchor='recomputed'"),
+        ({"ratio_anchor": "engine"}, "ratio_anchor"),
         ({"clip_eps": 1.0}, "clip_eps"),
         ({"kl_coef": -0.1}, "kl_coef"),
     ],

@@ -126,13 +126,42 @@ def test_truncated_importance_weight_caps_stale_tokens() -> None:
     lp = col(math.log(0.6), math.log(0.25), grad=True)
     behaviour = col(math.log(0.2), math.log(0.5))
     adv = torch.tensor([1.0, -1.0])
-    loss, m = policy_gradient_loss(lp, behaviour, adv, ones_mask(2), tis_cap=2.0)
+    loss, m = policy_gradient_loss(
+        lp, behaviour, adv, ones_mask(2), tis_cap=2.0, ratio_anchor="recomputed"
+    )
     assert loss.item() == pytest.approx((-2.0 * 1.0 + 0.5 * 1.0) / 2)
     loss.backward()
     assert lp.grad is not None
     torch.testing.assert_close(lp.grad[:, 0], torch.tensor([-2.0, 0.5]) / 2)
     assert m["pg/clip_frac"] == 0.0
     assert m["pg/tis_weight_mean"] == pytest.approx(1.25)
+
+
+def test_recomputed_anchor_is_not_clipped_by_stale_behaviour() -> None:
+    # π_θ/π_b = 3 for s0: the behaviour anchor clips it (1 + ε = 1.2, no gradient), the
+    # recomputed anchor takes ratio 1 and keeps the plain A·∇log π_θ gradient.
+    lp = col(math.log(0.6), math.log(0.25), grad=True)
+    behaviour = col(math.log(0.2), math.log(0.25))
+    adv = torch.tensor([1.0, -1.0])
+    clipped, m_b = policy_gradient_loss(lp, behaviour, adv, ones_mask(2))
+    clipped.backward()
+    assert lp.grad is not None
+    torch.testing.assert_close(lp.grad[:, 0], torch.tensor([0.0, 0.5]))
+    assert m_b["pg/clip_frac"] == pytest.approx(0.5)
+    lp.grad = None
+    loss, m_r = policy_gradient_loss(lp, behaviour, adv, ones_mask(2), ratio_anchor="recomputed")
+    assert loss.item() == pytest.approx((-1.0 + 1.0) / 2)
+    loss.backward()
+    torch.testing.assert_close(lp.grad[:, 0], torch.tensor([-1.0, 1.0]) / 2)
+    assert m_r["pg/clip_frac"] == 0.0 and m_r["pg/tis_weight_mean"] == 1.0
+
+
+def test_pg_rejects_bad_anchor() -> None:
+    lp, adv = col(-1.0, -1.0), torch.tensor([1.0, -1.0])
+    with pytest.raises(ValueError, match="ratio_anchor"):
+        policy_gradient_loss(lp, lp, adv, ones_mask(2), ratio_anchor="engine")
+    with pytest.raises(ValueError, match="tis_cap needs"):
+        policy_gradient_loss(lp, lp, adv, ones_mask(2), tis_cap=2.0)
 
 
 def test_pg_drops_non_finite_logprobs() -> None:
@@ -267,6 +296,34 @@ def test_continuous_scales_by_value_confidence(v: float, scale: float) -> None:
     value, grad, _ = sd_one("continuous", *CASES["bad_down"], v=v)
     assert value == pytest.approx(scale * GATED["bad_down"][0], rel=1e-5, abs=1e-8)
     assert grad == pytest.approx(scale * GATED["bad_down"][1], rel=1e-5, abs=1e-8)
+
+
+@pytest.mark.parametrize(
+    ("case", "value", "grad"),
+    [
+        ("good_up", 0.2, -1.0),  # g = 1: ℓ = d·Δ, ∂ℓ/∂s = -d
+        ("good_down", -0.2, -1.0),
+        ("bad_up", -0.2, 1.0),
+        ("bad_down", 0.2, 1.0),
+        ("masked", 0.0, 0.0),
+    ],
+)
+def test_nogate_keeps_direction_with_unit_gate(case: str, value: float, grad: float) -> None:
+    got_value, got_grad, metrics = sd_one("nogate", *CASES[case])
+    assert got_value == pytest.approx(value, rel=1e-5, abs=1e-7)
+    assert got_grad == pytest.approx(grad, rel=1e-5, abs=1e-7)
+    assert metrics["sd/gate_mean"] == (0.0 if case == "masked" else pytest.approx(1.0))
+
+
+def test_nojudge_distils_toward_guidance_but_keeps_d0_masked() -> None:
+    # The verdict's sign is dropped (bad_up behaves like good_up) ...
+    assert sd_one("nojudge", *CASES["bad_up"])[:2] == pytest.approx(GATED["good_up"][:2], rel=1e-5)
+    assert sd_one("nojudge", *CASES["good_down"])[:2] == pytest.approx(
+        GATED["good_down"][:2], rel=1e-5
+    )
+    # ... but unlike `ungated`, a step without a verdict teaches nothing.
+    value, grad, metrics = sd_one("nojudge", *CASES["masked"])
+    assert (value, grad, metrics["sd/frac_masked"]) == (0.0, 0.0, 1.0)
 
 
 def test_off_is_zero_with_no_gradient() -> None:

@@ -107,6 +107,29 @@ def environment(env: EnvClientConfig, log_path: Path) -> Iterator[str]:
         yield server.url
 
 
+def preflight_task(env: EnvClientConfig, url: str, task: dict[str, Any], source: str) -> None:
+    """Reset one session with ``task`` and release it; a refusal raises a RuntimeError that
+    names the service, the task and the server's reason (fail fast, not a job of failed groups)."""
+    import asyncio
+
+    from env_client.client import EnvClient
+    from env_client.errors import EnvError
+
+    async def probe() -> None:
+        client = EnvClient(env.model_copy(update={"server_url": url}))
+        async with client, client.session() as sess:
+            await sess.reset(task)
+
+    try:
+        asyncio.run(probe())
+    except EnvError as exc:
+        raise RuntimeError(
+            f"the environment service at {url} refused task {task.get('id')!r} of task source "
+            f"{source!r}: {exc}. Does it serve this task source? (the embedded server runs "
+            "MiniWoB++ tasks only; OSWorld tasks need env.server_url of an OSWorld service)"
+        ) from exc
+
+
 @contextlib.contextmanager
 def ray_session(cfg: PipelineConfig) -> Iterator[None]:
     """Join or start Ray for the command; shut it down only if we started it."""

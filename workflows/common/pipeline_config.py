@@ -16,9 +16,11 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from env_client.config import EnvClientConfig
+from env_client.tasks.sources import TaskSourceConfig
 from serve_apps.config import AnalyzerAppConfig, PolicyAppConfig, SamplingConfig
 from train_loops.config import OptimConfig, TrainerConfig, cpu_trainer
 from workflows.common.ray_cluster import RayClusterConfig
+from workflows.common.tracking import TrackingConfig
 
 TRAINED_ANALYZER = "auto"
 """``analyzer.model_path: auto`` = the checkpoint ``train_analyzer`` writes for this run."""
@@ -252,6 +254,14 @@ class PipelineConfig(_Strict):
     annotate: AnnotateConfig = Field(default_factory=AnnotateConfig)
     train: AnalyzerTrainConfig = Field(default_factory=AnalyzerTrainConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    tracking: TrackingConfig = Field(
+        default_factory=TrackingConfig,
+        description="Where evaluate logs its tables and scores (TensorBoard by default).",
+    )
+    task_source: TaskSourceConfig = Field(
+        default_factory=TaskSourceConfig,
+        description="Tasks of evaluate (collect and the oracle need MiniWoB's ground truth).",
+    )
 
     @property
     def run_dir(self) -> Path:

@@ -20,6 +20,7 @@ import sys
 import time
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from workflows.common.pipeline import parse_cli
@@ -34,11 +35,11 @@ def episode_seed(base: int, run: int, task_id: str) -> int:
 
 
 def eval_tasks(cfg: PipelineConfig) -> list[dict[str, Any]]:
-    from env_client.tasks import load_tasks
+    from env_client.tasks.sources import make_task_source
     from workflows.common.pipeline import select_tasks
 
     e = cfg.evaluate
-    return select_tasks(load_tasks(e.split), e.tasks, e.seeds_per_task)
+    return select_tasks(make_task_source(cfg.task_source).tasks(e.split), e.tasks, e.seeds_per_task)
 
 
 async def play_runs(
@@ -158,10 +159,24 @@ def run(cfg: PipelineConfig) -> dict[str, Any]:
     }  # fmt: skip
     write_json(out_dir / "report.json", {**meta, **report, "outcomes": outcomes})
     (out_dir / "report.md").write_text(markdown(report, meta))
+    _track(cfg, out_dir, report, markdown(report, meta))
     bar_chart(report, out_dir / "pass_at_1.png", f"Pass@1 ({e.split}, {e.runs} runs)")
     print(markdown(report, meta), flush=True)
     print(f"[evaluate] report in {out_dir}", flush=True)
     return report
+
+
+def _track(cfg: PipelineConfig, out_dir: Path, report: dict[str, Any], table: str) -> None:
+    """Pass@1 per checkpoint (overall and per task kind) and the table, to the trackers."""
+    from workflows.common.tracking import Tracker
+
+    tracker = Tracker(cfg.tracking, out_dir, out_dir.name, cfg.model_dump(mode="json"))
+    scalars = {f"eval/{ck}/pass_at_1": s["mean"] for ck, s in report["overall"].items()}
+    for kind, per_ck in report["by_kind"].items():
+        scalars.update({f"eval/{ck}/{kind}": s["mean"] for ck, s in per_ck.items()})
+    tracker.log(scalars)
+    tracker.log_text("eval/report", table)
+    tracker.close()
 
 
 def main(argv: list[str] | None = None) -> int:

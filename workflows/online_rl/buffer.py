@@ -27,6 +27,18 @@ from train_loops.schema import read_parquet, write_parquet
 from workflows.online_rl.config import BufferConfig
 
 
+def has_gradient(row: dict[str, Any], sd_type: str) -> bool:
+    """Whether a step sample moves the policy: a non-zero advantage, or an active
+    self-distillation target (the variant distils it and the analyzer gave guidance; ``gated``
+    and its kin also need a verdict d ≠ 0, ``ungated`` distils every step). The KL term alone
+    does not count, as in the authors' trainer."""
+    if float(row.get("advantage") or 0.0) != 0.0:
+        return True
+    if sd_type == "off" or not (row.get("guide") or row.get("avoid")):
+        return False
+    return sd_type == "ungated" or int(row.get("d") or 0) != 0
+
+
 class TrajectoryBuffer:
     """Use as a Ray actor: ``ray.remote(TrajectoryBuffer).options(name=…).remote(…)``."""
 
@@ -38,8 +50,14 @@ class TrajectoryBuffer:
         shard_dir: str | None = None,
         start_version: int = 0,
         start_cursor: int = 0,
+        sd_type: str = "gated",
+        kinds: dict[str, str] | None = None,
+        max_groups: int | None = None,
     ) -> None:
         self.cfg = cfg
+        self.sd_type = sd_type
+        self.kinds = kinds or {}  # task name → family/domain, for per-domain success rates
+        self._by_kind: dict[str, list[int]] = {}  # kind → [episodes, successes]
         self.samples_per_step = samples_per_step
         self.mode = mode
         self.version = start_version
@@ -48,6 +66,7 @@ class TrajectoryBuffer:
         self._group_left: dict[str, int] = {}  # group id → rows not yet taken
         self._cond = asyncio.Condition()
         self._closed = False
+        self.max_groups = max_groups  # rollout budget: no group starts past it
         self._epoch = 0  # stream epoch: readers of an ended epoch get None
         self._in_flight = 0
         self._cursor = start_cursor  # sequence number of the next group (picks its task)
@@ -63,6 +82,8 @@ class TrajectoryBuffer:
                 "groups_cancelled",
                 "groups_restored",
                 "groups_purged_stale",
+                "groups_zero_grad",
+                "samples_dropped_zero_grad",
                 "samples_in",
                 "samples_out",
                 "episodes",
@@ -81,14 +102,25 @@ class TrajectoryBuffer:
         or None once the buffer is closed."""
         async with self._cond:
             await self._cond.wait_for(lambda: self._closed or self._may_start(served_version))
-            if self._closed:
+            if self._closed or self._budget_spent():
                 return None
             self._in_flight += 1
             self.stats_["groups_started"] += 1
             self._cursor += 1
             return self._cursor - 1
 
+    def _budget_spent(self) -> bool:
+        return self.max_groups is not None and self._cursor >= self.max_groups
+
+    def _close_if_done(self) -> None:
+        """Once the budget's last group finished, the stream ends after its rows: the trainer
+        trains on them and stops (``data_exhausted``)."""
+        if self._budget_spent() and self._in_flight == 0:
+            self._closed = True
+
     def _may_start(self, served_version: int) -> bool:
+        if self._budget_spent():
+            return True  # acquire answers None at once
         if self.version - served_version > self.cfg.max_staleness:
             return False
         if len(self._rows) >= self.cfg.capacity_samples:
@@ -108,6 +140,7 @@ class TrajectoryBuffer:
         """Store a finished group (all rows or none). Returns False if it was dropped as stale."""
         async with self._cond:
             self._in_flight = max(0, self._in_flight - 1)
+            self._close_if_done()
             oldest = min((r["behavior_version"] for r in rows), default=self.version)
             if self.version - oldest > self.cfg.max_staleness + 1:
                 self.stats_["groups_dropped_stale"] += 1
@@ -119,6 +152,7 @@ class TrajectoryBuffer:
             self.stats_["groups_completed"] += 1
             self.stats_["episodes"] += len({r["episode_id"] for r in rows})
             self.stats_["episodes_success"] += successes
+            self._count_kinds(rows)
             self.stats_["lag_sum"] += sum(self.version - r["behavior_version"] for r in rows)
             self._maybe_new_phase()
             self._phase_produced += len(rows)
@@ -126,7 +160,26 @@ class TrajectoryBuffer:
             self._cond.notify_all()
             return True
 
+    def _count_kinds(self, rows: list[dict[str, Any]]) -> None:
+        episodes = {r["episode_id"]: (r.get("task_id"), r.get("reward", 0.0)) for r in rows}
+        for task, reward in episodes.values():
+            tally = self._by_kind.setdefault(self.kinds.get(str(task), "other"), [0, 0])
+            tally[0] += 1
+            tally[1] += int(float(reward or 0.0) > 0)
+
+    def success_by_kind(self) -> dict[str, float]:
+        """Success rate per task family/domain over the completed groups."""
+        return {k: wins / n for k, (n, wins) in sorted(self._by_kind.items()) if n}
+
     def _admit(self, group_id: str, rows: list[dict[str, Any]]) -> None:
+        if self.cfg.drop_zero_gradient:
+            kept = [r for r in rows if has_gradient(r, self.sd_type)]
+            self.stats_["samples_dropped_zero_grad"] += len(rows) - len(kept)
+            if not kept:  # the whole group: its shard is kept aside, with the reason
+                self.stats_["groups_zero_grad"] += 1
+                self._move_shard(group_id, "zero_grad")
+                return
+            rows = kept
         self._rows.extend(rows)
         self._group_left[group_id] = len(rows)
         self.stats_["samples_in"] += len(rows)
@@ -135,6 +188,7 @@ class TrajectoryBuffer:
         """A started group that will never complete (env budget exhausted, shutdown)."""
         async with self._cond:
             self._in_flight = max(0, self._in_flight - 1)
+            self._close_if_done()
             key = "groups_dropped_failed" if reason == "failed" else "groups_cancelled"
             self.stats_[key] += 1
             self._cond.notify_all()
@@ -225,6 +279,7 @@ class TrajectoryBuffer:
             success_rate=s["episodes_success"] / s["episodes"] if s["episodes"] else 0.0,
             uptime_s=time.time() - self._started_at,
         )
+        s.update({f"success_rate/{k}": v for k, v in self.success_by_kind().items()})
         return s
 
     def _restore(self) -> None:

@@ -12,9 +12,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from env_client.config import EnvClientConfig
+from env_client.tasks.sources import TaskSourceConfig
 from serve_apps.config import AnalyzerAppConfig, PolicyAppConfig
 from train_loops.config import LossConfig, OptimConfig, TrainerConfig
 from workflows.common.ray_cluster import RayClusterConfig
+from workflows.common.tracking import TrackingConfig
 
 
 class _Strict(BaseModel):
@@ -75,6 +77,34 @@ class RolloutConfig(_Strict):
         True, description="Judge each transition; off → d=0 everywhere (plain GRPO)."
     )
     worker_num_cpus: float = Field(0.25, ge=0, description="Logical CPUs per RolloutWorker.")
+    task_order: Literal["round_robin", "informative"] = Field(
+        "round_robin",
+        description="round_robin: every task in turn. informative: pass over a task whose last "
+        "`saturation_window` groups all had equal rewards (no GRPO signal), except with "
+        "probability `explore` (workflows/online_rl/curriculum.py).",
+    )
+    saturation_window: int = Field(2, ge=1, description="Groups that make a task saturated.")
+    explore: float = Field(
+        0.2, ge=0.0, le=1.0, description="Chance to play a saturated task anyway."
+    )
+    max_groups: int | None = Field(
+        None,
+        ge=1,
+        description="Rollout budget: no group starts after this many (over resumes too); the "
+        "trainer trains on the rest and the job ends. None: trainer.max_steps alone ends it.",
+    )
+    preflight: bool = Field(
+        True,
+        description="Before starting, reset one session with the first task: a service that "
+        "refuses the task source (e.g. OSWorld tasks sent to the MiniWoB server) fails the job "
+        "at once with the server's reason, instead of every group failing.",
+    )
+    overlap_judging: bool = Field(
+        True,
+        description="Judge and rescore each step alongside the episode's next steps (the next "
+        "action never depends on them); off: each step waits for them (the old sequential "
+        "loop, kept as the benchmarks' baseline). Rows are the same either way.",
+    )
     score_ordinary: bool = Field(
         False,
         description="Also rescore y under the ordinary context (one more prefill per step) "
@@ -91,6 +121,12 @@ class BufferConfig(_Strict):
     )
     max_staleness: int = Field(
         1, ge=0, description="A group may start only if trainer version − its version ≤ this."
+    )
+    drop_zero_gradient: bool = Field(
+        False,
+        description="Drop step samples that carry no gradient: advantage 0 (an all-equal-reward "
+        "group) and no active self-distillation target (sd off, d = 0 or no guidance). The "
+        "authors' trainer drops them; counted as buffer/samples_dropped_zero_grad.",
     )
 
 
@@ -124,6 +160,10 @@ class OnlineRLConfig(_Strict):
         description="Analyzer deployment; model_path 'tiny:<seed>' builds a random tiny model offline, "
         "'warm:<seed>' the analyzer trained with that warm start."
     )
+    task_source: TaskSourceConfig = Field(
+        default_factory=TaskSourceConfig,
+        description="Where tasks come from: the embedded MiniWoB++ list or OSWorld task files.",
+    )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     buffer: BufferConfig = Field(default_factory=BufferConfig)
     trainer: TrainerConfig = Field(
@@ -138,6 +178,10 @@ class OnlineRLConfig(_Strict):
     )
     loss: LossConfig = Field(default_factory=LossConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    tracking: TrackingConfig = Field(
+        default_factory=TrackingConfig,
+        description="TensorBoard (default) and optional W&B / MLflow; a resumed run continues.",
+    )
     entropulse: EntropulseConfig = Field(
         default_factory=EntropulseConfig,
         description="SFT phases on successful trajectories when entropy collapses (METHOD §7).",
@@ -149,6 +193,11 @@ class OnlineRLConfig(_Strict):
             raise ValueError(
                 f"buffer.capacity_samples={self.buffer.capacity_samples} is smaller than "
                 f"trainer.samples_per_step={self.trainer.samples_per_step}: the trainer would wait forever"
+            )
+        if self.task_source.kind != "miniwob" and not self.env.server_url:
+            raise ValueError(
+                f"task_source.kind={self.task_source.kind!r} needs env.server_url (an OSWorld "
+                "service): the embedded server (env.server_url unset) runs MiniWoB tasks only"
             )
         if self.rollout.history_screens > self.policy.max_images:
             raise ValueError(

@@ -18,6 +18,7 @@ from typing import Any
 
 from train_loops.jsonl import JsonlWriter, read_jsonl
 from workflows.common.config_io import dump_config
+from workflows.common.tracking import Tracker
 from workflows.online_rl.config import OnlineRLConfig
 from workflows.online_rl.metrics import (
     DashboardMetrics,
@@ -86,6 +87,7 @@ class Monitor(threading.Thread):
         super().__init__(daemon=True)
         self.cfg, self.buffer, self.workers = cfg, buffer, workers
         self.jsonl = JsonlWriter(cfg.run_dir / "metrics.jsonl")
+        self.tracker = Tracker(cfg.tracking, cfg.run_dir, cfg.run_name, cfg.model_dump(mode="json"))
         self.dashboard = DashboardMetrics(cfg.run_name)
         self.t0 = time.time()
         self.stop_event = threading.Event()
@@ -105,6 +107,7 @@ class Monitor(threading.Thread):
             ray.get(self.buffer.stats.remote()), ray.get([w.stats.remote() for w in self.workers])
         )
         self.jsonl.write(rec)
+        self.tracker.log(rec)
         self.dashboard.update(rec)
         print(progress_line(rec), flush=True)
         return rec
@@ -129,8 +132,13 @@ class Monitor(threading.Thread):
             "rollout/mean_version_lag": buf["mean_lag"],
             "rollout/invalid_actions": total.get("invalid_actions", 0.0),
             "rollout/episode_retries": total.get("episode_retries", 0.0),
+            "rollout/tasks_skipped": total.get("tasks_skipped", 0.0),
+            "rollout/analyzer_errors": total.get("analyzer_errors", 0.0),
+            "rollout/score_errors": total.get("score_errors", 0.0),
             "buffer/samples": buf["buffered_samples"],
             "buffer/samples_out": buf["samples_out"],
+            "buffer/samples_dropped_zero_grad": buf["samples_dropped_zero_grad"],
+            "rollout/groups_zero_grad": buf["groups_zero_grad"],
             "serve/policy_version": min((w["served_version"] for w in workers), default=0),
             "train/version": buf["version"],
         }
@@ -138,6 +146,8 @@ class Monitor(threading.Thread):
             rec[f"latency/{key}_s"] = total.get(f"t_{key}", 0.0) / max(steps, 1.0)
         if buf["episodes"]:  # no success rate before the first episode ends (not 0.00)
             rec["rollout/success_rate"] = buf["success_rate"]
+        # Per task family (MiniWoB kind, OSWorld domain).
+        rec.update({f"rollout/{k}": v for k, v in buf.items() if k.startswith("success_rate/")})
         rec["mem/job_pss_gb"] = tree_memory_gb()
         self.peak_mem_gb = max(self.peak_mem_gb, rec["mem/job_pss_gb"])
         rec["mem/peak_job_pss_gb"] = self.peak_mem_gb
@@ -270,8 +280,8 @@ def _start_serving(cfg: OnlineRLConfig) -> None:
 def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
     import ray
 
-    from env_client.tasks import load_tasks
-    from workflows.common.pipeline import round_robin, select_tasks
+    from env_client.tasks.sources import make_task_source
+    from workflows.common.pipeline import preflight_task, round_robin, select_tasks
     from workflows.online_rl.buffer import TrajectoryBuffer
     from workflows.online_rl.rl_phases import ResumePoint, resume_point
     from workflows.online_rl.rollout import RolloutWorker
@@ -287,6 +297,11 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
         )
     if point.step >= cfg.trainer.max_steps:
         print(f"[job] already at step {point.step} >= trainer.max_steps={cfg.trainer.max_steps}")
+    source = make_task_source(cfg.task_source)
+    split = select_tasks(source.tasks(cfg.rollout.train_split), cfg.rollout.tasks, None)
+    tasks = round_robin(split, cfg.seed)
+    if cfg.rollout.preflight:
+        preflight_task(cfg.env, env_url, source.instance(tasks[0], 0), cfg.task_source.kind)
     base_policy = _model_path(cfg.policy.model_path, "policy")
     cfg = _resolved_models(cfg, point.checkpoint, point.version)
     _start_serving(cfg)
@@ -300,10 +315,11 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
             str(run_dir / "trajectories"),
             point.version,
             JobState(run_dir).load(point.version).get("cursor", 0),
+            cfg.loss.sd_type,
+            {str(t["task"]): str(t.get("kind") or "other") for t in tasks},
+            cfg.rollout.max_groups,
         )
     )
-    split = select_tasks(load_tasks(cfg.rollout.train_split), cfg.rollout.tasks, None)
-    tasks = round_robin(split, cfg.seed)
     worker_cls = ray.remote(RolloutWorker)
     workers: list[Any] = [
         worker_cls.options(num_cpus=cfg.rollout.worker_num_cpus, max_concurrency=64).remote(
@@ -325,6 +341,7 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
         steps = _train(cfg, base_policy, buffer, publisher, point, monitor)
     finally:
         last = _stop(buffer, workers, rollout_refs, monitor)
+        monitor.tracker.close()
         if not cfg.keep_serving:
             _delete_apps(cfg)
     png = learning_curve_png(

@@ -1,28 +1,37 @@
 """Rollout workers: async Ray actors that play groups of episodes and feed the buffer.
 
-Per step (METHOD.md §1–§3): policy ``generate`` → parse the action → env ``step`` → analyzer
-judgment of the transition → policy ``score`` of the sampled response under the privileged
-context (and the ordinary one with ``rollout.score_ordinary``) → one step sample. Per
-finished group: ``evaluate`` scores, rewards r = ±1, group-relative advantages, all samples
-to the buffer at once. An environment failure retries the episode on a fresh session up to
+Per step (METHOD.md §1–§3): policy ``generate`` → parse the action → env ``step``; then,
+off the episode's critical path (``rollout.overlap_judging``: alongside the next steps), the
+analyzer's judgment of the transition → policy ``score`` of the sampled response under the
+privileged context (and the ordinary one with ``rollout.score_ordinary``) → one step sample.
+An episode ends when all its steps' judgments are in. Per finished group: ``evaluate``
+scores, rewards r = ±1, group-relative advantages, all samples to the buffer at once.
+
+Failures: an environment failure retries the episode on a fresh session up to
 ``episode_retries``; a group that still cannot complete is dropped whole and counted, never
-silently skipped.
+silently skipped. A failed analyzer or rescoring request masks only that step's
+self-distillation (d = 0, no target), is counted (``analyzer_errors``, ``score_errors``), and
+the worker goes on. A step without guidance is not rescored (it has no target; NaN log-probs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from env_client.client import EnvClient, Session
 from env_client.errors import EnvError
+from env_client.tasks.sources import task_instance
 from serve_apps.prompting.messages import guidance_text, privileged_messages
 from serve_apps.prompting.styles import Screen, make_style
 from workflows.common.episodes import play_with_retries
 from workflows.online_rl.config import OnlineRLConfig
+from workflows.online_rl.curriculum import TaskPicker
 
 NO_JUDGMENT = {
     "consistency": None,
@@ -59,6 +68,16 @@ class EpisodeResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class EpisodeState:
+    """What the policy's next prompt is made of, as the episode goes."""
+
+    instruction: str
+    screens: list[Screen]
+    history: list[str] = field(default_factory=list)  # one summary line per step
+    responses: list[str] = field(default_factory=list)  # the policy's full responses
+
+
 class GroupFailed(RuntimeError):
     """An episode of the group ran out of environment retries."""
 
@@ -83,6 +102,11 @@ class RolloutWorker:
         self.buffer = buffer
         self.policy_app = policy_app
         self.analyzer_app = analyzer_app
+        r = cfg.rollout
+        self.picker = TaskPicker(
+            [str(t.get("task", t.get("id"))) for t in tasks], r.task_order,
+            r.saturation_window, r.explore, seed=cfg.seed * 1009 + worker_index,
+        )  # fmt: skip
         self.style = make_style(cfg.policy.agent_style, cfg.rollout.history_screens)
         self.served_version = 0
         self._stopping = False
@@ -95,7 +119,12 @@ class RolloutWorker:
             "t_env": 0.0,
             "t_analyze": 0.0,
             "t_score": 0.0,
+            "tasks_skipped": 0,
+            "analyzer_errors": 0,
+            "score_errors": 0,
         }
+        self._latency: Any = None
+        self._steps_counter: Any = None
 
     async def run(self) -> dict[str, float]:
         from ray import serve
@@ -136,7 +165,8 @@ class RolloutWorker:
             seq = await self.buffer.acquire.remote(self.served_version)
             if seq is None:
                 return
-            task = self._task_for(seq)
+            index = self.picker.pick(seq)
+            task = task_instance(self.tasks[index], seq)  # one instance for all G episodes
             try:
                 rows, successes = await self.play_group(task, f"g{seq:06d}")
             except (GroupFailed, asyncio.CancelledError) as exc:
@@ -145,13 +175,9 @@ class RolloutWorker:
                 if reason == "cancelled":
                     raise
                 continue
+            self.picker.record(index, successes, self.cfg.rollout.group_size)
+            self.counters["tasks_skipped"] = float(self.picker.skipped)
             await self.buffer.put_group.remote(rows[0]["group_id"], rows, successes)
-
-    def _task_for(self, seq: int) -> dict[str, Any]:
-        task = dict(self.tasks[seq % len(self.tasks)])
-        # One instance per group (same seed for all G episodes), a new one per visit.
-        task["seed"] = int(task.get("seed", 0)) * 100_003 + seq
-        return task
 
     async def play_group(self, task: dict[str, Any], group_id: str) -> tuple[list[dict], int]:
         g = self.cfg.rollout.group_size
@@ -186,37 +212,52 @@ class RolloutWorker:
         self, task: dict[str, Any], group_id: str, episode_id: str
     ) -> EpisodeResult:
         rows: list[dict[str, Any]] = []
-        async with self.env.session() as sess:
-            obs = await sess.reset(task)
-            # The concrete instruction comes from reset (MiniWoB draws it); OSWorld payloads carry it.
-            instruction = obs.instruction or task.get("instruction") or ""
-            screens = [Screen(obs.screenshot or b"", obs.accessibility_tree)]
-            history: list[str] = []
-            for step_index in range(self.cfg.rollout.max_steps):
-                row, done = await self._step(sess, instruction, screens, history)
-                row.update(
-                    task_id=str(task.get("task", task.get("id"))),
-                    group_id=group_id,
-                    episode_id=episode_id,
-                    step_index=step_index,
-                    sample_id=f"{episode_id}-s{step_index}",
+        feedback: list[asyncio.Future[dict[str, Any]]] = []
+        try:
+            async with self.env.session() as sess:
+                obs = await sess.reset(task)
+                # The concrete instruction comes from reset (MiniWoB draws it); OSWorld payloads carry it.
+                ep = EpisodeState(
+                    obs.instruction or task.get("instruction") or "",
+                    [Screen(obs.screenshot or b"", obs.accessibility_tree)],
                 )
-                rows.append(row)
-                if done:
-                    break
-            score = await sess.evaluate()
+                for step_index in range(self.cfg.rollout.max_steps):
+                    row, judged, done = await self._step(sess, ep)
+                    row.update(
+                        task_id=str(task.get("task", task.get("id"))),
+                        group_id=group_id,
+                        episode_id=episode_id,
+                        step_index=step_index,
+                        sample_id=f"{episode_id}-s{step_index}",
+                    )
+                    rows.append(row)
+                    feedback.append(asyncio.ensure_future(judged))
+                    if not self.cfg.rollout.overlap_judging:
+                        await feedback[-1]  # the baseline: the next action waits for it
+                    if done:
+                        break
+                score = await sess.evaluate()
+            # The judgments and rescorings ran alongside the later steps; a row is complete
+            # only with its own, so the episode ends when the last of them is in.
+            for row, fields in zip(rows, await asyncio.gather(*feedback), strict=True):
+                row.update(fields)
+        finally:
+            for pending in feedback:  # a failed or cancelled episode leaves nothing running
+                pending.cancel()
         self.counters["episodes"] += 1
         return EpisodeResult(rows=rows, score=score)
 
     async def _step(
-        self, sess: Session, instruction: str, screens: list[Screen], history: list[str]
-    ) -> tuple[dict[str, Any], bool]:
-        messages, shown = self.style.prompt(instruction, screens, history)
+        self, sess: Session, ep: EpisodeState
+    ) -> tuple[dict[str, Any], Coroutine[Any, Any, dict[str, Any]], bool]:
+        """Generate → act. Returns the row so far, the coroutine that judges and rescores the
+        step (its remaining fields), and whether the episode is over."""
+        messages, shown = self.style.prompt(ep.instruction, ep.screens, ep.history)
         t0 = time.perf_counter()
         gen = await self.policy.generate.remote({"messages": messages, "images": shown})
         t1 = time.perf_counter()
         self.served_version = max(self.served_version, gen["weight_version"])
-        before = screens[-1]
+        before = ep.screens[-1]
         action = self.style.parse(gen["text"], before)
         if action.name == "invalid":
             self.counters["invalid_actions"] += 1
@@ -228,43 +269,22 @@ class RolloutWorker:
             if not result.executed
             else action.model_dump(exclude_none=True)
         )
-        judgment = await self._judge(instruction, history, before, after, gen["text"], executed)
-        t3 = time.perf_counter()
-        guidance = guidance_text(judgment["guide"], judgment["avoid"])
-        privileged_call = self._score(
-            privileged_messages(messages, guidance), shown, gen["response_ids"]
-        )
-        if self.cfg.rollout.score_ordinary:
-            ordinary, privileged = await asyncio.gather(
-                self._score(messages, shown, gen["response_ids"]), privileged_call
-            )
-        else:
-            ordinary, privileged = {"logprobs": gen["logprobs"]}, await privileged_call
-        t4 = time.perf_counter()
-        self._count(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
-        screens.append(after)
-        history.append(self.style.summarize(gen["text"], before))
+        # Built before the episode moves on: the judgment may run while later steps play.
+        transition = self._transition(ep, shown, before, after, gen["text"], executed)
+        self._count_step(t1 - t0, t2 - t1)
+        ep.screens.append(after)
+        ep.history.append(self.style.summarize(gen["text"], before))
+        ep.responses.append(gen["text"])
         row = {
             "prompt_ids": gen["prompt_ids"],
             "response_ids": gen["response_ids"],
             "behavior_logprobs": gen["logprobs"],
-            "ordinary_logprobs": ordinary["logprobs"],
-            "privileged_logprobs": privileged["logprobs"],
             "screenshots": list(shown),
             "response_text": gen["text"],
             "action": json.dumps(executed),
-            "consistency": judgment["consistency"],
-            "effectiveness": judgment["effectiveness"],
-            "guide": judgment["guide"],
-            "avoid": judgment["avoid"],
-            "d": int(judgment["d"]),
-            "v": float(judgment["v"]),
             "behavior_version": gen["weight_version"],
-            "privileged_version": privileged["weight_version"],
             "t_generate_s": t1 - t0,
             "t_env_s": t2 - t1,
-            "t_analyze_s": t3 - t2,
-            "t_score_s": t4 - t3,
             "created_at": time.time(),
             # Filled in when the group completes:
             "score": 0.0,
@@ -273,44 +293,117 @@ class RolloutWorker:
             "num_steps": 0,
         }
         done = result.done or action.name == "terminate"
-        return row, done
+        return row, self._feedback(transition, messages, shown, gen), done
 
-    async def _score(self, messages: list, images: list[bytes], response_ids: list[int]) -> dict:
-        return await self.policy.score.remote(
-            {"messages": messages, "images": images, "response_ids": response_ids}
-        )
-
-    async def _judge(
+    def _transition(
         self,
-        instruction: str,
-        history: list[str],
+        ep: EpisodeState,
+        shown: list[bytes],
         before: Screen,
         after: Screen,
         response: str,
-        action: dict[str, Any],
+        executed: dict[str, Any],
     ) -> dict[str, Any]:
+        """The analyzer's request for this step (copies: the episode goes on meanwhile)."""
+        transition: dict[str, Any] = {
+            "instruction": ep.instruction,
+            "history": list(ep.history),
+            "screenshot_before": before.png,
+            "screenshot_after": after.png,
+            "context": self.style.screen_context(before, ep.instruction),
+            "response": response,
+            "action": executed,
+        }
+        if self.cfg.analyzer.prompt_style == "reference":
+            # The earlier steps still in the policy's context (its images but the current
+            # one), each with the policy's full response there, as the reference analyzer.
+            n = min(len(shown) - 1, len(ep.responses))
+            transition["history_screenshots"] = list(shown[len(shown) - 1 - n : len(shown) - 1])
+            transition["history_responses"] = ep.responses[len(ep.responses) - n :]
+        return transition
+
+    async def _feedback(
+        self, transition: dict[str, Any], messages: list, shown: list[bytes], gen: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The step's judgment and privileged rescoring → the row's remaining fields. A failed
+        request masks this step's self-distillation (d = 0, no target), is counted, and the
+        worker goes on."""
+        t0 = time.perf_counter()
+        judgment = await self._judge(transition)
+        t1 = time.perf_counter()
+        scored = await self._rescore(judgment, messages, shown, gen)
+        t2 = time.perf_counter()
+        self._count_feedback(t1 - t0, t2 - t1)
+        return {**judgment, **scored, "t_analyze_s": t1 - t0, "t_score_s": t2 - t1}
+
+    async def _judge(self, transition: dict[str, Any]) -> dict[str, Any]:
         if self.analyzer is None or not self.cfg.rollout.use_analyzer:
             return dict(NO_JUDGMENT)
-        out = await self.analyzer.analyze.remote(
-            {
-                "instruction": instruction,
-                "history": history,
-                "screenshot_before": before.png,
-                "screenshot_after": after.png,
-                "context": self.style.screen_context(before, instruction),
-                "response": response,
-                "action": action,
-            }
-        )
-        return {k: out.get(k, NO_JUDGMENT[k]) for k in NO_JUDGMENT}
+        try:
+            out = await self.analyzer.analyze.remote(transition)
+        except Exception as exc:  # any failed request masks this step only
+            self._count_error("analyzer_errors", exc)
+            return dict(NO_JUDGMENT)
+        judgment = {k: out.get(k, NO_JUDGMENT[k]) for k in NO_JUDGMENT}
+        return {**judgment, "d": int(judgment["d"]), "v": float(judgment["v"])}
 
-    def _count(self, gen: float, env: float, ana: float, score: float) -> None:
-        c = self.counters
-        c["env_steps"] += 1
-        for stage, seconds in (("generate", gen), ("env", env), ("analyze", ana), ("score", score)):
-            self._latency.observe(seconds, tags={"stage": stage})
-        self._steps_counter.inc(1.0)
-        c["t_generate"] += gen
-        c["t_env"] += env
-        c["t_analyze"] += ana
-        c["t_score"] += score
+    async def _rescore(
+        self, judgment: dict[str, Any], messages: list, shown: list[bytes], gen: dict[str, Any]
+    ) -> dict[str, Any]:
+        """T_t under the privileged context, only where there is guidance (else the step has
+        no target: NaN, which every loss term drops), and optionally the ordinary context."""
+        ids = gen["response_ids"]
+        guided = bool(judgment["guide"].strip() or judgment["avoid"].strip())
+        guidance = guidance_text(judgment["guide"], judgment["avoid"])
+        privileged, ordinary = await asyncio.gather(
+            self._try_score(privileged_messages(messages, guidance), shown, ids, guided),
+            self._try_score(messages, shown, ids, self.cfg.rollout.score_ordinary),
+        )
+        out: dict[str, Any] = {
+            "ordinary_logprobs": ordinary["logprobs"] if ordinary else gen["logprobs"],
+            "privileged_logprobs": [math.nan] * len(ids),
+            "privileged_version": gen["weight_version"],
+        }
+        if privileged is not None:
+            out["privileged_logprobs"] = privileged["logprobs"]
+            out["privileged_version"] = privileged["weight_version"]
+        elif guided:  # the rescoring failed: no distillation target for this step
+            out["d"] = 0
+        return out
+
+    async def _try_score(
+        self, messages: list, images: list[bytes], response_ids: list[int], wanted: bool
+    ) -> dict[str, Any] | None:
+        if not wanted:
+            return None
+        try:
+            return await self.policy.score.remote(
+                {"messages": messages, "images": images, "response_ids": response_ids}
+            )
+        except Exception as exc:  # any failed request masks this step only
+            self._count_error("score_errors", exc)
+            return None
+
+    def _count_error(self, key: str, exc: BaseException) -> None:
+        self.counters[key] += 1
+        n = int(self.counters[key])
+        if n & (n - 1) == 0:  # 1st, 2nd, 4th, 8th…: visible without flooding the log
+            print(f"[rollout {self.worker_index}] {key}={n}, masked the step: {exc!r}", flush=True)
+
+    def _count_step(self, gen: float, env: float) -> None:
+        self.counters["env_steps"] += 1
+        self.counters["t_generate"] += gen
+        self.counters["t_env"] += env
+        self._observe(("generate", gen), ("env", env))
+        if self._steps_counter is not None:
+            self._steps_counter.inc(1.0)
+
+    def _count_feedback(self, ana: float, score: float) -> None:
+        self.counters["t_analyze"] += ana
+        self.counters["t_score"] += score
+        self._observe(("analyze", ana), ("score", score))
+
+    def _observe(self, *stages: tuple[str, float]) -> None:
+        if self._latency is not None:  # dashboard metrics exist once run() started
+            for stage, seconds in stages:
+                self._latency.observe(seconds, tags={"stage": stage})
