@@ -3,11 +3,13 @@ policy + analyzer, rollout actors, the buffer's Ray Data stream, Ray Train + Dee
 
 One scenario, two runs of the job over one run folder: run A (a subprocess with its own Ray
 cluster) is killed with SIGKILL after its first checkpoint; run B (in-process, on the test
-session's cluster) resumes from that checkpoint and trains to the end, with an Entropulse
-switch forced on its first RL step (entropy threshold far above any entropy): the RL segment
-ends, an SFT phase changes the weights, RL continues from them. Checked: resume point,
-served versions rising while episodes run, the phase switch, step-sample structure, group
-accounting (none lost or duplicated, A's unconsumed groups restored), every session released.
+session's cluster, its analyzer failing 30% of requests) resumes from that checkpoint and
+trains to the end, with an Entropulse switch forced on its first RL step (entropy threshold
+far above any entropy): the RL segment ends, an SFT phase changes the weights, RL continues
+from them. Checked: resume point, served versions rising while episodes run, the phase
+switch, step-sample structure, group accounting (none lost or duplicated, A's unconsumed
+groups restored), analyzer errors masked and counted with no worker lost, TensorBoard
+continuing across the kill, every session released.
 """
 
 from __future__ import annotations
@@ -176,8 +178,12 @@ def test_async_run_killed_and_resumed(tmp_path: Path, env_server, ray_cluster) -
     cfg = load_config(
         OnlineRLConfig,
         "embedded",
-        [*overrides, *ENTROPULSE, f"trainer.max_steps={final}", f"serve_http_port={_free_port()}"],
-    )
+        [
+            *overrides, *ENTROPULSE, f"trainer.max_steps={final}",
+            f"serve_http_port={_free_port()}",
+            "analyzer.fault_rate=0.3",  # B's analyzer fails 30% of its requests (503)
+        ],
+    )  # fmt: skip
     last = rl_job.run(cfg)
 
     # Resumed from A's checkpoint, trained to the end.
@@ -216,6 +222,10 @@ def test_async_run_killed_and_resumed(tmp_path: Path, env_server, ray_cluster) -
         for k in ("completed", "dropped_failed", "dropped_stale", "cancelled")
     )
     assert started == ended and last["rollout/groups_in_flight"] == 0
+    # The analyzer's failed requests masked their steps and were counted; no worker stopped
+    # (a dead worker's group would be missing from the accounting above).
+    assert 0 < last["rollout/analyzer_errors"] < last["env/steps"]
+    assert last["rollout/score_errors"] == 0 and last["rollout/groups_dropped_failed"] == 0
     assert last["rollout/groups_restored"] == len(pending_at_kill)
 
     rows = read_parquet(sorted((run_dir / "trajectories").glob("*/*.parquet")))

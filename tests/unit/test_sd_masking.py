@@ -124,3 +124,26 @@ def test_a_step_is_masked_counted_and_the_worker_goes_on(
         assert all(math.isnan(x) for x in out["privileged_logprobs"])
         assert out["privileged_version"] == GEN["weight_version"]
     assert len(policy.score.calls) == (0 if score is None else 1)
+
+
+def test_fixed_guidance_replaces_the_analyzer(tmp_path) -> None:
+    import json
+
+    from workflows.online_rl.fixed_guidance import fixed_judgment, load_guidance
+
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps({"task-1": ["open the File menu"]}))
+    cfg = OnlineRLConfig(
+        policy={"model_path": "/p"}, analyzer={"model_path": "/a"},
+        rollout={"fixed_guidance_file": str(path)},
+    )  # fmt: skip
+    worker = RolloutWorker(cfg, 0, [], "http://env", None, "policy", "analyzer")
+    worker.policy = policy = _Handle(score=_Method({"logprobs": [-0.1, -0.2], "weight_version": 4}))
+    worker.analyzer = analyzer = _Handle(analyze=_Method(RuntimeError("must not be asked")))
+    fixed = fixed_judgment(load_guidance(path), "task-1", 3)  # trajectory-level: every step
+    out = asyncio.run(worker._feedback({"instruction": "t"}, MESSAGES, [b"png"], GEN, fixed))
+    assert (out["d"], out["guide"], out["privileged_logprobs"]) == (
+        1, "open the File menu", [-0.1, -0.2],
+    )  # fmt: skip
+    assert analyzer.analyze.calls == [] and worker.counters["analyzer_errors"] == 0
+    assert "open the File menu" in policy.score.calls[0]["messages"][-1]["content"][-1]["text"]

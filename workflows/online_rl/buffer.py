@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from train_loops.schema import read_parquet, write_parquet
 from workflows.online_rl.config import BufferConfig
+from workflows.online_rl.curriculum import TaskPicker
 
 
 def has_gradient(row: dict[str, Any], sd_type: str) -> bool:
@@ -53,6 +54,7 @@ class TrajectoryBuffer:
         sd_type: str = "gated",
         kinds: dict[str, str] | None = None,
         max_groups: int | None = None,
+        picker: TaskPicker | None = None,
     ) -> None:
         self.cfg = cfg
         self.sd_type = sd_type
@@ -67,6 +69,7 @@ class TrajectoryBuffer:
         self._cond = asyncio.Condition()
         self._closed = False
         self.max_groups = max_groups  # rollout budget: no group starts past it
+        self.picker = picker  # which task each group plays (None: the worker's round-robin)
         self._epoch = 0  # stream epoch: readers of an ended epoch get None
         self._in_flight = 0
         self._cursor = start_cursor  # sequence number of the next group (picks its task)
@@ -153,6 +156,9 @@ class TrajectoryBuffer:
             self.stats_["episodes"] += len({r["episode_id"] for r in rows})
             self.stats_["episodes_success"] += successes
             self._count_kinds(rows)
+            if self.picker is not None and rows:
+                episodes = len({r["episode_id"] for r in rows})
+                self.picker.record(str(rows[0].get("task_id")), successes, episodes)
             self.stats_["lag_sum"] += sum(self.version - r["behavior_version"] for r in rows)
             self._maybe_new_phase()
             self._phase_produced += len(rows)
@@ -183,6 +189,10 @@ class TrajectoryBuffer:
         self._rows.extend(rows)
         self._group_left[group_id] = len(rows)
         self.stats_["samples_in"] += len(rows)
+
+    def task_for(self, seq: int) -> int:
+        """Index of the task group ``seq`` plays, in the job's task list."""
+        return seq if self.picker is None else self.picker.pick(seq)
 
     async def drop_group(self, reason: Literal["failed", "cancelled"]) -> None:
         """A started group that will never complete (env budget exhausted, shutdown)."""
@@ -280,6 +290,7 @@ class TrajectoryBuffer:
             uptime_s=time.time() - self._started_at,
         )
         s.update({f"success_rate/{k}": v for k, v in self.success_by_kind().items()})
+        s.update(self.picker.stats() if self.picker else {"tasks_saturated": 0, "tasks_skipped": 0})
         return s
 
     def _restore(self) -> None:

@@ -80,12 +80,19 @@ class RolloutConfig(_Strict):
     task_order: Literal["round_robin", "informative"] = Field(
         "round_robin",
         description="round_robin: every task in turn. informative: pass over a task whose last "
-        "`saturation_window` groups all had equal rewards (no GRPO signal), except with "
-        "probability `explore` (workflows/online_rl/curriculum.py).",
+        "`saturation_window` groups all had equal rewards (no GRPO signal), except in "
+        "a share `explore` of the groups (workflows/online_rl/curriculum.py).",
     )
-    saturation_window: int = Field(2, ge=1, description="Groups that make a task saturated.")
+    saturation_window: int = Field(
+        2, ge=1, description="Consecutive all-equal-reward groups that make a task saturated."
+    )
     explore: float = Field(
-        0.2, ge=0.0, le=1.0, description="Chance to play a saturated task anyway."
+        0.2, ge=0.0, le=1.0, description="Share of groups that keep the plain round-robin task."
+    )
+    fixed_guidance_file: str | None = Field(
+        None,
+        description="Ablation (the authors' GUI_GUIDANCE_FILE): guidance per task id and step "
+        "from this JSON file instead of the analyzer (workflows/online_rl/fixed_guidance.py).",
     )
     max_groups: int | None = Field(
         None,

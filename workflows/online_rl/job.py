@@ -132,7 +132,8 @@ class Monitor(threading.Thread):
             "rollout/mean_version_lag": buf["mean_lag"],
             "rollout/invalid_actions": total.get("invalid_actions", 0.0),
             "rollout/episode_retries": total.get("episode_retries", 0.0),
-            "rollout/tasks_skipped": total.get("tasks_skipped", 0.0),
+            "rollout/tasks_skipped": buf["tasks_skipped"],
+            "rollout/tasks_saturated": buf["tasks_saturated"],
             "rollout/analyzer_errors": total.get("analyzer_errors", 0.0),
             "rollout/score_errors": total.get("score_errors", 0.0),
             "buffer/samples": buf["buffered_samples"],
@@ -283,6 +284,7 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
     from env_client.tasks.sources import make_task_source
     from workflows.common.pipeline import preflight_task, round_robin, select_tasks
     from workflows.online_rl.buffer import TrajectoryBuffer
+    from workflows.online_rl.curriculum import TaskPicker
     from workflows.online_rl.rl_phases import ResumePoint, resume_point
     from workflows.online_rl.rollout import RolloutWorker
 
@@ -300,6 +302,11 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
     source = make_task_source(cfg.task_source)
     split = select_tasks(source.tasks(cfg.rollout.train_split), cfg.rollout.tasks, None)
     tasks = round_robin(split, cfg.seed)
+    if cfg.rollout.fixed_guidance_file:  # a malformed file fails here, not in every worker
+        from workflows.online_rl.fixed_guidance import load_guidance
+
+        table = load_guidance(cfg.rollout.fixed_guidance_file)
+        print(f"[job] fixed guidance for {len(table)} tasks (the analyzer is not asked)")
     if cfg.rollout.preflight:
         preflight_task(cfg.env, env_url, source.instance(tasks[0], 0), cfg.task_source.kind)
     base_policy = _model_path(cfg.policy.model_path, "policy")
@@ -318,6 +325,13 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
             cfg.loss.sd_type,
             {str(t["task"]): str(t.get("kind") or "other") for t in tasks},
             cfg.rollout.max_groups,
+            TaskPicker(
+                [str(t["task"]) for t in tasks],
+                cfg.rollout.task_order,
+                cfg.rollout.saturation_window,
+                cfg.rollout.explore,
+                seed=cfg.seed,
+            ),
         )
     )
     worker_cls = ray.remote(RolloutWorker)

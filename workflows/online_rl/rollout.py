@@ -31,7 +31,7 @@ from serve_apps.prompting.messages import guidance_text, privileged_messages
 from serve_apps.prompting.styles import Screen, make_style
 from workflows.common.episodes import play_with_retries
 from workflows.online_rl.config import OnlineRLConfig
-from workflows.online_rl.curriculum import TaskPicker
+from workflows.online_rl.fixed_guidance import fixed_judgment, load_guidance
 
 NO_JUDGMENT = {
     "consistency": None,
@@ -76,6 +76,7 @@ class EpisodeState:
     screens: list[Screen]
     history: list[str] = field(default_factory=list)  # one summary line per step
     responses: list[str] = field(default_factory=list)  # the policy's full responses
+    task_id: str = ""  # for fixed guidance, keyed by task id and step
 
 
 class GroupFailed(RuntimeError):
@@ -102,13 +103,10 @@ class RolloutWorker:
         self.buffer = buffer
         self.policy_app = policy_app
         self.analyzer_app = analyzer_app
-        r = cfg.rollout
-        self.picker = TaskPicker(
-            [str(t.get("task", t.get("id"))) for t in tasks], r.task_order,
-            r.saturation_window, r.explore, seed=cfg.seed * 1009 + worker_index,
-        )  # fmt: skip
         self.style = make_style(cfg.policy.agent_style, cfg.rollout.history_screens)
         self.served_version = 0
+        path = cfg.rollout.fixed_guidance_file  # the authors' fixed-guidance ablation
+        self.fixed_guidance = load_guidance(path) if path else None
         self._stopping = False
         self.counters: dict[str, float] = {
             "env_steps": 0,
@@ -119,7 +117,6 @@ class RolloutWorker:
             "t_env": 0.0,
             "t_analyze": 0.0,
             "t_score": 0.0,
-            "tasks_skipped": 0,
             "analyzer_errors": 0,
             "score_errors": 0,
         }
@@ -165,8 +162,10 @@ class RolloutWorker:
             seq = await self.buffer.acquire.remote(self.served_version)
             if seq is None:
                 return
-            index = self.picker.pick(seq)
-            task = task_instance(self.tasks[index], seq)  # one instance for all G episodes
+            index = await self.buffer.task_for.remote(seq)  # the job's task order
+            task = task_instance(
+                self.tasks[index % len(self.tasks)], seq
+            )  # one instance for all G episodes
             try:
                 rows, successes = await self.play_group(task, f"g{seq:06d}")
             except (GroupFailed, asyncio.CancelledError) as exc:
@@ -175,8 +174,6 @@ class RolloutWorker:
                 if reason == "cancelled":
                     raise
                 continue
-            self.picker.record(index, successes, self.cfg.rollout.group_size)
-            self.counters["tasks_skipped"] = float(self.picker.skipped)
             await self.buffer.put_group.remote(rows[0]["group_id"], rows, successes)
 
     async def play_group(self, task: dict[str, Any], group_id: str) -> tuple[list[dict], int]:
@@ -220,6 +217,7 @@ class RolloutWorker:
                 ep = EpisodeState(
                     obs.instruction or task.get("instruction") or "",
                     [Screen(obs.screenshot or b"", obs.accessibility_tree)],
+                    task_id=str(task.get("id", "")),
                 )
                 for step_index in range(self.cfg.rollout.max_steps):
                     row, judged, done = await self._step(sess, ep)
@@ -271,6 +269,11 @@ class RolloutWorker:
         )
         # Built before the episode moves on: the judgment may run while later steps play.
         transition = self._transition(ep, shown, before, after, gen["text"], executed)
+        fixed = (
+            None
+            if self.fixed_guidance is None
+            else fixed_judgment(self.fixed_guidance, ep.task_id, len(ep.responses))
+        )
         self._count_step(t1 - t0, t2 - t1)
         ep.screens.append(after)
         ep.history.append(self.style.summarize(gen["text"], before))
@@ -293,7 +296,7 @@ class RolloutWorker:
             "num_steps": 0,
         }
         done = result.done or action.name == "terminate"
-        return row, self._feedback(transition, messages, shown, gen), done
+        return row, self._feedback(transition, messages, shown, gen, fixed), done
 
     def _transition(
         self,
@@ -323,13 +326,18 @@ class RolloutWorker:
         return transition
 
     async def _feedback(
-        self, transition: dict[str, Any], messages: list, shown: list[bytes], gen: dict[str, Any]
+        self,
+        transition: dict[str, Any],
+        messages: list,
+        shown: list[bytes],
+        gen: dict[str, Any],
+        fixed: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The step's judgment and privileged rescoring → the row's remaining fields. A failed
         request masks this step's self-distillation (d = 0, no target), is counted, and the
         worker goes on."""
         t0 = time.perf_counter()
-        judgment = await self._judge(transition)
+        judgment = fixed if fixed is not None else await self._judge(transition)
         t1 = time.perf_counter()
         scored = await self._rescore(judgment, messages, shown, gen)
         t2 = time.perf_counter()
