@@ -1,7 +1,7 @@
 """The package layout's promises (DESIGN.md): dependencies point one way, no import circles,
 and the jobs in ``workflows/`` share code only through ``workflows.common``, except the two
-edges that are the point: the warm start runs the analyzer pipeline, and the online job starts
-from a warm start (``warm:<seed>`` model paths)."""
+edges that are the point: the warm start runs the analyzer pipeline, and the online job and the
+demo start from a warm start (``warm:<seed>`` model paths)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("env_client", "serve_apps", "train_loops", "workflows")
-JOBS = ("online_rl", "analyzer", "evaluation", "warm_start")
-JOB_EDGES = {("warm_start", "analyzer"), ("online_rl", "warm_start")}
+JOBS = ("online_rl", "analyzer", "evaluation", "warm_start", "demo")
+JOB_EDGES = {("warm_start", "analyzer"), ("online_rl", "warm_start"), ("demo", "warm_start")}
 
 
 def _modules() -> dict[str, Path]:

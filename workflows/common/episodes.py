@@ -291,3 +291,34 @@ async def run_bounded(
             task.cancel()
         if running:
             await asyncio.gather(*running, return_exceptions=True)
+
+
+def analyzer_request(
+    style: AgentStyle,
+    instruction: str,
+    history: list[str],
+    responses: list[str],
+    shown: list[bytes],
+    before: Screen,
+    after: Screen,
+    response: str,
+    executed: Any,
+    reference: bool,
+) -> dict[str, Any]:
+    """The analyzer's request for one step (rollouts and the demo send the same): copies, since
+    the episode goes on while it is judged. ``reference`` adds the earlier screens still in the
+    policy's context (all its images but the current one), each with its full response there."""
+    transition: dict[str, Any] = {
+        "instruction": instruction,
+        "history": list(history),
+        "screenshot_before": before.png,
+        "screenshot_after": after.png,
+        "context": style.screen_context(before, instruction),
+        "response": response,
+        "action": executed,
+    }
+    if reference:  # earlier screens still in the policy's context, with its full responses
+        n = min(len(shown) - 1, len(responses))
+        transition["history_screenshots"] = list(shown[len(shown) - 1 - n : len(shown) - 1])
+        transition["history_responses"] = responses[len(responses) - n :]
+    return transition

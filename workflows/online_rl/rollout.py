@@ -29,7 +29,7 @@ from env_client.errors import EnvError
 from env_client.tasks.sources import task_instance
 from serve_apps.prompting.messages import guidance_text, privileged_messages
 from serve_apps.prompting.styles import Screen, make_style
-from workflows.common.episodes import play_with_retries
+from workflows.common.episodes import analyzer_request, play_with_retries
 from workflows.online_rl.config import OnlineRLConfig
 from workflows.online_rl.fixed_guidance import fixed_judgment, load_guidance
 
@@ -307,23 +307,10 @@ class RolloutWorker:
         response: str,
         executed: dict[str, Any],
     ) -> dict[str, Any]:
-        """The analyzer's request for this step (copies: the episode goes on meanwhile)."""
-        transition: dict[str, Any] = {
-            "instruction": ep.instruction,
-            "history": list(ep.history),
-            "screenshot_before": before.png,
-            "screenshot_after": after.png,
-            "context": self.style.screen_context(before, ep.instruction),
-            "response": response,
-            "action": executed,
-        }
-        if self.cfg.analyzer.prompt_style == "reference":
-            # The earlier steps still in the policy's context (its images but the current
-            # one), each with the policy's full response there, as the reference analyzer.
-            n = min(len(shown) - 1, len(ep.responses))
-            transition["history_screenshots"] = list(shown[len(shown) - 1 - n : len(shown) - 1])
-            transition["history_responses"] = ep.responses[len(ep.responses) - n :]
-        return transition
+        return analyzer_request(
+            self.style, ep.instruction, ep.history, ep.responses, shown, before, after,
+            response, executed, reference=self.cfg.analyzer.prompt_style == "reference",
+        )  # fmt: skip
 
     async def _feedback(
         self,
