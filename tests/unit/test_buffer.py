@@ -232,3 +232,25 @@ def test_rollout_budget_closes_the_stream_after_the_last_group() -> None:
     assert seqs == [0, 1, None]  # no group starts past the budget
     assert len(still_open) == 2
     assert after is None  # closed and drained: the trainer's stream ends
+
+
+def test_informative_task_order_learns_from_every_finished_group() -> None:
+    from workflows.online_rl.curriculum import TaskPicker
+
+    async def go():
+        names = ["a", "b"] * 3
+        buf = TrajectoryBuffer(
+            BufferConfig(), samples_per_step=2,
+            picker=TaskPicker(names, order="informative", window=1, explore=0.0),
+        )  # fmt: skip
+        first = buf.task_for(0)
+        rows = _group("g0", 4)
+        for r in rows:
+            r.update(task_id="a")
+        await buf.acquire(0)
+        await buf.put_group("g0", rows, successes=2)  # both episodes won: "a" saturated
+        return first, buf.task_for(2), buf.stats()
+
+    first, after, stats = run(go())
+    assert first == 0 and after == 3  # entry 2 is an "a": the next "b" instead
+    assert (stats["tasks_saturated"], stats["tasks_skipped"]) == (1, 1)
