@@ -29,6 +29,9 @@ from workflows.common.pipeline_config import CheckpointSpec, PipelineConfig
 EXPERT = "scripted-expert"
 
 
+PROGRESS_EVERY_S = 20.0  # a progress line at least this often while episodes finish
+
+
 def episode_seed(base: int, run: int, task_id: str) -> int:
     """A stable sampling seed per (run, task instance): runs differ, reruns repeat."""
     return zlib.crc32(f"{base}/{run}/{task_id}".encode()) & 0x3FFFFFFF
@@ -70,9 +73,18 @@ async def play_runs(
 
             return lambda: play_with_retries(play, e.episode_retries, f"{label}/{task['id']}")
 
+        t0 = last = time.time()
         async for i, res in run_bounded([job(r, t) for r, t in pairs], e.concurrency):
             run, task = pairs[i]
             outcomes.append(_outcome(label, run, task, res))
+            if time.time() - last >= PROGRESS_EVERY_S or len(outcomes) == len(pairs):
+                last = time.time()
+                wins = sum(bool(o["success"]) for o in outcomes)
+                print(
+                    f"[evaluate] {label}: {len(outcomes)}/{len(pairs)} episodes, "
+                    f"{wins / len(outcomes):.2f} success so far, {last - t0:.0f}s",
+                    flush=True,
+                )
     return outcomes
 
 
