@@ -247,6 +247,8 @@ def test_async_run_killed_and_resumed(tmp_path: Path, env_server, ray_cluster) -
     # Every monitor record (not the two phase events; A may die between its two writes).
     assert steps == sorted(steps) and len(steps) >= len(records) - 3
     assert len(list((run_dir / "tensorboard").glob("events.out.tfevents.*"))) >= 2
+    rl_steps = [step for step, _ in scalars["rl_step/loss/pg"]]  # every optimizer step, once
+    assert rl_steps == sorted(set(rl_steps)) and rl_steps[-1] == final
 
     # Every session B opened was handed back.
     assert _live_sessions(env_server.url) == 0

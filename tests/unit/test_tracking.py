@@ -43,3 +43,17 @@ def test_corrupt_state_names_the_file(tmp_path: Path) -> None:
     (tmp_path / STATE_FILE).write_text("{oops")
     with pytest.raises(RuntimeError, match=r"tracking\.json: tracking state is not JSON"):
         Tracker(TrackingConfig(), tmp_path, "run", {})
+
+
+def test_every_optimizer_step_once_across_a_resume(tmp_path: Path) -> None:
+    rows = [{"train/step": s, "loss/pg": 0.1 * s, "kind": "rl"} for s in (1, 2, 3)]
+    first = Tracker(TrackingConfig(), tmp_path, "run", {})
+    first.log_steps("rl_step", rows[:2], "train/step")
+    first.log_steps("rl_step", rows[:2], "train/step")  # the same file read again next tick
+    first.close()
+    again = Tracker(TrackingConfig(), tmp_path, "run", {})
+    again.log_steps("rl_step", rows, "train/step")  # a resumed job re-reads the whole file
+    again.close()
+    got = read_scalars(tmp_path)["rl_step/loss/pg"]
+    assert [s for s, _ in got] == [1, 2, 3]
+    assert "rl_step/kind" not in read_scalars(tmp_path)

@@ -75,6 +75,29 @@ class Tracker:
         self.step = max(self.step, at + 1)
         self._save()
 
+    def log_steps(self, prefix: str, rows: list[dict[str, Any]], step_key: str) -> None:
+        """Per-step records (e.g. every optimizer step) under ``prefix/`` at their own step
+        ``row[step_key]``; rows at or before the last one logged (a resumed run re-reading its
+        file) are skipped."""
+        done = int(self.state.get(f"{prefix}_last", -1))
+        for row in rows:
+            at = row.get(step_key)
+            if not _is_number(at) or int(at) <= done:
+                continue
+            scalars = {f"{prefix}/{k}": float(v) for k, v in row.items() if _is_number(v)}
+            if self._tb is not None:
+                for key, value in scalars.items():
+                    self._tb.add_scalar(key, value, int(at))
+            if self._mlflow is not None:
+                self._mlflow.log_metrics(
+                    {_mlflow_key(k): v for k, v in scalars.items()}, step=int(at)
+                )
+            if self._wandb is not None:  # W&B wants one monotonic step: attach to the current
+                self._wandb.log(scalars, step=self.step)
+            done = int(at)
+        self.state[f"{prefix}_last"] = done
+        self._save()
+
     def log_text(self, tag: str, text: str) -> None:
         """A table or note (markdown), e.g. an evaluation report."""
         if self._tb is not None:

@@ -169,6 +169,8 @@ class Monitor(threading.Thread):
         rows = read_jsonl(self.cfg.run_dir / "train_metrics.jsonl")
         if not rows:
             return {}
+        # Every RL optimizer step at its own step (the progress records sample the last one).
+        self.tracker.log_steps("rl_step", [r for r in rows if "loss/pg" in r], "train/step")
         last = rows[-1]
         out = {k: v for k, v in last.items() if isinstance(v, (int, float))}
         busy = sum(r.get("step_time", 0.0) for r in rows)
