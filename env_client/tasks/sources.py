@@ -188,12 +188,7 @@ def task_instance(task: dict[str, Any], seq: int) -> dict[str, Any]:
 
 def load_osworld_task(path: Path) -> dict[str, Any]:
     """One OSWorld task config, validated; the JSON object unchanged."""
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise TaskFileError(f"{path}: task file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TaskFileError(f"{path}: not valid JSON ({exc})") from None
+    raw = _read_json(path, "task file")
     if not isinstance(raw, dict):
         raise TaskFileError(
             f"{path}: a task config must be a JSON object, got {type(raw).__name__}"
@@ -207,13 +202,17 @@ def load_osworld_task(path: Path) -> dict[str, Any]:
     return raw
 
 
-def _read_index(path: Path) -> dict[str, list[str]]:
+def _read_json(path: Path, what: str) -> Any:
     try:
-        raw = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except FileNotFoundError:
-        raise TaskFileError(f"{path}: split index not found") from None
+        raise TaskFileError(f"{path}: {what} not found") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise TaskFileError(f"{path}: not valid JSON ({exc})") from None
+
+
+def _read_index(path: Path) -> dict[str, list[str]]:
+    raw = _read_json(path, "split index")
     if not isinstance(raw, dict):
         raise TaskFileError(f"{path}: a split index must map domain -> [task ids]")
     for domain, ids in raw.items():

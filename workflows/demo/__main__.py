@@ -13,16 +13,13 @@ analyzer.model_path=tiny:1``. Attach to a running job's apps (``keep_serving=tru
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
 import sys
 import threading
-from collections.abc import Iterator
-from typing import Any
 
 import yaml
 
 from workflows.common.config_io import ConfigError
+from workflows.common.signals import sigterm_as_interrupt
 from workflows.demo.config import DEFAULT_CONFIG, DemoConfig, load_demo_config
 
 
@@ -64,7 +61,7 @@ def run(cfg: DemoConfig, until: threading.Event | None = None) -> None:
         cfg = deploy_demo(cfg, QUIET_LOGS)
         url = f"http://127.0.0.1:{cfg.demo.http_port}{cfg.demo.route_prefix}/"
         print(f"[demo] open {url}  (trajectories of {cfg.runs_path}; Ctrl-C stops)", flush=True)
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             stop = until or threading.Event()
             while not stop.wait(1.0):  # short waits: signals are handled at once
                 pass
@@ -76,23 +73,6 @@ def run(cfg: DemoConfig, until: threading.Event | None = None) -> None:
         finally:
             if started:
                 shutdown_ray()
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """``ray job stop`` and ``kill`` send SIGTERM: unwind like Ctrl-C so sessions go back."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def main(argv: list[str] | None = None) -> int:

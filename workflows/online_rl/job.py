@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from typing import Any
 
 from train_loops.jsonl import JsonlWriter, read_jsonl
 from workflows.common.config_io import dump_config
+from workflows.common.signals import sigterm_as_interrupt
 from workflows.common.tracking import Tracker
 from workflows.online_rl.config import OnlineRLConfig
 from workflows.online_rl.metrics import (
@@ -195,28 +195,11 @@ def run(cfg: OnlineRLConfig) -> dict[str, Any]:
     init_ray(cfg.ray)
     print(f"[job] run folder: {run_dir}", flush=True)
     try:
-        with _sigterm_as_interrupt(), environment_service(cfg) as env_url:
+        with sigterm_as_interrupt(), environment_service(cfg) as env_url:
             return _run_with_env(cfg, env_url)
     finally:
         if started_ray:
             shutdown_ray()
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """``ray job stop`` sends SIGTERM: unwind like Ctrl-C so sessions are released."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def _resolved_models(cfg: OnlineRLConfig, resume_dir: Path | None, version: int) -> OnlineRLConfig:
