@@ -1,6 +1,6 @@
 """The main job learns from a warm start: a small warm start is built by the real pipeline
 (scripted demonstrations in Chromium → behaviour cloning through Ray Train + DeepSpeed → the
-analyzer pipeline), then two RL steps of the online job from it give a policy gradient (groups
+analyzer pipeline), then four RL steps of the online job from it give a policy gradient (groups
 that sometimes succeed: samples with non-zero advantage) and distillation targets (the
 analyzer's judgments are usable on part of the steps)."""
 
@@ -30,7 +30,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_rl_steps_from_a_small_warm_start(tmp_path: Path, ray_cluster) -> None:
+def test_rl_steps_from_a_small_warm_start(tmp_path: Path, ray_cluster) -> None:
     cfg = load(overrides=[
         f"cache_dir={tmp_path / 'cache'}", f"tasks={TASKS}", "demos.seeds_per_task=16",
         "bc.steps=120", "check.seeds_per_task=2", "analyzer.seeds_per_task=6",
@@ -45,14 +45,16 @@ def test_two_rl_steps_from_a_small_warm_start(tmp_path: Path, ray_cluster) -> No
     rl = load_config(OnlineRLConfig, "embedded", [
         f"runs_dir={tmp_path}", "run_name=warm-rl", f"policy.model_path={folder / 'policy'}",
         f"analyzer.model_path={folder / 'analyzer'}", f"rollout.tasks={TASKS}",
-        "trainer.max_steps=2", "trainer.checkpoint_every=2", "trainer.cpus_per_worker=0.5",
-        f"serve_http_port={_free_port()}", "progress_every_s=5",
+        # Four steps, without the samples that carry no gradient: the first groups to finish
+        # are the quick all-success ones (one-step episodes), whose advantages are all zero.
+        "trainer.max_steps=4", "trainer.checkpoint_every=4", "buffer.drop_zero_gradient=true",
+        "trainer.cpus_per_worker=0.5", f"serve_http_port={_free_port()}", "progress_every_s=5",
     ])  # fmt: skip
     from workflows.online_rl import job
 
     job.run(rl)
     steps = [r for r in read_jsonl(rl.run_dir / "train_metrics.jsonl") if "loss/pg" in r]
-    assert len(steps) == 2
+    assert len(steps) == 4
     # Groups with mixed outcomes: samples with non-zero advantage, hence a policy gradient
     # (the value of L_PG is -mean A at ρ = 1, ~0 for whole groups, so it says less).
     assert max(r["pg/frac_nonzero_adv"] for r in steps) > 0, steps
