@@ -156,6 +156,15 @@ class _ComputerUseStyle:
     def screen_context(self, screen: Screen, instruction: str) -> str:
         return ""  # the answer carries its own coordinates
 
+    history_screens: int  # set by each family
+    messages: ClassVar[Callable[..., tuple[list[dict[str, Any]], list[bytes]]]]
+
+    def prompt(
+        self, instruction: str, screens: Sequence[Screen], history: Sequence[str]
+    ) -> tuple[list[dict[str, Any]], list[bytes]]:
+        pngs = [s.png for s in screens]
+        return self.messages(instruction, pngs, history, self.history_screens)
+
     def previous_actions(self, history: Sequence[str]) -> list[str]:
         """The previous-actions list the prompt shows for these full responses."""
         return [cu.previous_action(text, self.dialect) for text in history]
@@ -168,12 +177,7 @@ class Qwen3VLStyle(_ComputerUseStyle):
     history_screens: int = qwen3vl.HISTORY_SCREENS
     name: str = "qwen3vl"
     dialect: ClassVar[cu.Dialect] = qwen3vl.DIALECT
-
-    def prompt(
-        self, instruction: str, screens: Sequence[Screen], history: Sequence[str]
-    ) -> tuple[list[dict[str, Any]], list[bytes]]:
-        pngs = [s.png for s in screens]
-        return qwen3vl.qwen3vl_messages(instruction, pngs, history, self.history_screens)
+    messages = staticmethod(qwen3vl.qwen3vl_messages)
 
 
 @dataclass(frozen=True)
@@ -183,12 +187,7 @@ class EvoCUAStyle(_ComputerUseStyle):
     history_screens: int = evocua.HISTORY_SCREENS
     name: str = "evocua"
     dialect: ClassVar[cu.Dialect] = evocua.DIALECT
-
-    def prompt(
-        self, instruction: str, screens: Sequence[Screen], history: Sequence[str]
-    ) -> tuple[list[dict[str, Any]], list[bytes]]:
-        pngs = [s.png for s in screens]
-        return evocua.evocua_messages(instruction, pngs, history, self.history_screens)
+    messages = staticmethod(evocua.evocua_messages)
 
 
 _FACTORIES: dict[str, Callable[[int | None], AgentStyle]] = {

@@ -115,6 +115,18 @@ def format_validation_error(
     return "\n".join(lines)
 
 
+def read_config_file(path: Path) -> dict[str, Any]:
+    """A config file's YAML mapping (empty file: {}); bad YAML or a non-mapping is a ConfigError
+    naming the file."""
+    try:
+        loaded = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config error in {path}: not valid YAML ({exc})") from exc
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config error in {path}: top level must be a mapping")
+    return loaded
+
+
 def load_config(model: type[M], path: str | Path | None = None, overrides: Sequence[str] = ()) -> M:
     """Read ``path`` (YAML mapping; may be None for all defaults), apply overrides, validate."""
     data: dict[str, Any] = {}
@@ -122,13 +134,7 @@ def load_config(model: type[M], path: str | Path | None = None, overrides: Seque
     if path is not None:
         resolved = resolve_config_path(path)
         source = str(resolved)
-        try:
-            loaded = yaml.safe_load(resolved.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config error in {source}: not valid YAML ({exc})") from exc
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config error in {source}: top level must be a mapping")
-        data = loaded
+        data = read_config_file(resolved)
     if overrides:
         source += " + overrides " + " ".join(overrides)
     data = expand_env(apply_overrides(data, overrides))

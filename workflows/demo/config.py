@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from env_client.config import EnvClientConfig
@@ -27,6 +26,7 @@ from workflows.common.config_io import (
     apply_overrides,
     expand_env,
     format_validation_error,
+    read_config_file,
     resolve_config_path,
 )
 from workflows.common.ray_cluster import RayClusterConfig
@@ -178,13 +178,7 @@ def load_demo_config(
 ) -> DemoConfig:
     """A job config file (path or bundled name) + overrides → a validated DemoConfig."""
     path = resolve_config_path(config)
-    try:
-        loaded = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config error in {path}: not valid YAML ({exc})") from exc
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"config error in {path}: top level must be a mapping")
-    data = expand_env(apply_overrides(demo_data(loaded), overrides))
+    data = expand_env(apply_overrides(demo_data(read_config_file(path)), overrides))
     source = str(path) + (" + overrides " + " ".join(overrides) if overrides else "")
     try:
         return DemoConfig.model_validate(data)
