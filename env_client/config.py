@@ -79,6 +79,14 @@ class FaultRule(BaseModel):
     skip: int = Field(0, ge=0, description="Matching requests let through before the fault.")
     session_id: str | None = Field(None, description="Only this session (None: any session).")
     delay_s: float = Field(0.0, ge=0, le=600, description="Hold time for kind='delay', seconds.")
+    rate: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Share of the matching requests (past `skip`) that get the fault, drawn from "
+        "a generator seeded by `seed` (a soak's 5% of operations: rate=0.05, times large).",
+    )
+    seed: int = Field(0, description="Seed of this rule's draws when rate < 1 (reproducible).")
 
 
 def _env_or(name: str, default: str) -> str:

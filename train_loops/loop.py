@@ -18,6 +18,13 @@ step's samples), and steps. Then, in this order:
 The run stops when the step counter reaches ``max_steps``, a bounded dataset ends, or
 ``stop_fn(metrics)`` (rank 0, after a step; e.g. an Entropulse trigger) asks it to: then it
 checkpoints at that exact step and returns.
+
+Every checkpoint carries the lineage of its weights (``train_loops.lineage``: the sample ids of
+each step, all ranks), and after it is stored rank 0 tells ``commit_fn(step, sample_ids)`` the
+ids it added, so the data source can let go of exactly those. ``start_version`` is a floor for
+the weight version: a run restarted from a checkpoint older than the versions already
+published takes the next free version and publishes its weights at once, so the served version
+never goes backwards.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
 
 from train_loops.checkpoint import (
     Start,
@@ -52,6 +60,7 @@ from train_loops.engine import (
     load_model,
 )
 from train_loops.jsonl import JsonlWriter
+from train_loops.lineage import read_lineages, write_lineages
 from train_loops.metrics import (
     EVENTS_FILE,
     METRICS_FILE,
@@ -68,6 +77,9 @@ PublishFn = Callable[[dict[str, torch.Tensor], int], None]
 """``publish_fn(state_dict, version)``: full CPU weights after an update, on rank 0 only."""
 StopFn = Callable[[dict[str, float]], bool]
 """``stop_fn(metrics)``: rank 0, after each step's (rank-reduced) metrics; True ends the run."""
+CommitFn = Callable[[int, list[str]], None]
+"""``commit_fn(step, sample_ids)``: rank 0, once the checkpoint at ``step`` is stored; the ids of
+every rank's samples trained since the previous checkpoint."""
 
 
 @dataclass
@@ -83,6 +95,8 @@ class WorkerArgs:
     resume_from: Any = None  # ray.train.Checkpoint | None
     start_step: int = 0  # step counter when starting fresh or from another kind's checkpoint
     stop_fn: StopFn | None = None
+    commit_fn: CommitFn | None = None
+    start_version: int = 0  # floor of the weight version (versions already published elsewhere)
 
 
 def train_worker(loop_config: dict[str, Any]) -> None:
@@ -195,10 +209,13 @@ class Loop:
         )
         self._last_checkpoint_step = self.state.step
         self._last_report = time.monotonic()
+        self.lineages = read_lineages(start.source)  # every kind's, carried along
+        self._since: list[dict[str, Any]] = []  # this rank's {step, ids} since the checkpoint
 
     def run(self) -> None:
         reason = "max_steps"
         metrics: dict[str, float] = {}
+        self._catch_up_version()
         while self.state.step < self.cfg.max_steps:
             if self._stop_requested(metrics):
                 reason = "stop_requested"
@@ -234,6 +251,7 @@ class Loop:
         step_time = time.perf_counter() - t0
         self.state.step += 1
         self.state.samples_seen += self.cfg.samples_per_step
+        self._since.append({"step": self.state.step, "ids": [str(r["sample_id"]) for r in rows]})
         publish_time = self._maybe_publish()
         means = {
             **mean_of([o.metrics for o in outs]),
@@ -255,9 +273,23 @@ class Loop:
         self.engine.step()  # applies the update only at the accumulation boundary
         return out
 
+    def _catch_up_version(self) -> None:
+        """Restarted behind versions already published (the steps after our checkpoint ran,
+        published, and were lost): take the next free version and publish these weights."""
+        if self.args.start_version <= self.state.version:
+            return
+        self.state.version = self.args.start_version - 1
+        self._publish()
+        self.events.write(
+            event="version_catch_up", step=self.state.step, version=self.state.version
+        )
+
     def _maybe_publish(self) -> float:
         if self.state.step % self.cfg.publish_every:
             return 0.0
+        return self._publish()
+
+    def _publish(self) -> float:
         t0 = time.perf_counter()
         self.state.version += 1
         if self.args.publish_fn is not None:
@@ -287,10 +319,15 @@ class Loop:
 
         t0 = time.perf_counter()
         weights = full_state_dict(self.engine, self.cfg.zero_stage, self.rank)
+        new = _merge_steps(_gather(self._since))
+        kind = self.args.kind
+        lineages = {**self.lineages, kind: self.lineages.get(kind, []) + new}
         with tempfile.TemporaryDirectory(prefix="csd-ckpt-") as tmp:
             write_checkpoint(
                 Path(tmp), self.engine, weights, self.state, self.args.model_path, self.rank
             )
+            if self.rank == 0:
+                write_lineages(Path(tmp), lineages)
             ray.train.report(
                 {**metrics, "time/checkpoint": time.perf_counter() - t0},
                 checkpoint=ray.train.Checkpoint.from_directory(tmp),
@@ -299,6 +336,26 @@ class Loop:
         self._last_checkpoint_step = self.state.step
         self._last_report = time.monotonic()
         self.events.write(event="checkpoint", step=self.state.step, version=self.state.version)
+        self.lineages, self._since = lineages, []
+        if self.rank == 0 and self.args.commit_fn is not None and new:
+            self.args.commit_fn(self.state.step, [i for line in new for i in line["ids"]])
+
+
+def _gather(items: list[Any]) -> list[Any]:
+    """Every rank's ``items``, concatenated (this rank's alone without torch.distributed)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return list(items)
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, items)
+    return [x for part in parts for x in part]
+
+
+def _merge_steps(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per-rank ``{step, ids}`` lines → one line per step with every rank's ids."""
+    steps: dict[int, list[str]] = {}
+    for line in lines:
+        steps.setdefault(int(line["step"]), []).extend(line["ids"])
+    return [{"step": k, "ids": sorted(v)} for k, v in sorted(steps.items())]
 
 
 def _chunks(rows: Sequence[Row], size: int) -> list[Sequence[Row]]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from train_loops.config import RLTrainConfig, SFTTrainConfig, TrainerConfig
-from train_loops.loop import PublishFn, StopFn, WorkerArgs, train_worker
+from train_loops.loop import CommitFn, PublishFn, StopFn, WorkerArgs, train_worker
 
 if TYPE_CHECKING:
     from ray.train import Checkpoint
@@ -37,11 +37,14 @@ def build_rl_trainer(
     run_name: str = "rl",
     start_step: int = 0,
     stop_fn: StopFn | None = None,
+    commit_fn: CommitFn | None = None,
+    start_version: int = 0,
 ) -> TorchTrainer:
-    """The online-RL trainer (METHOD.md §4–§5) over step samples in ``datasets["train"]``."""
+    """The online-RL trainer (METHOD.md §4–§5) over step samples in ``datasets["train"]``.
+    ``commit_fn`` and ``start_version``: see :mod:`train_loops.loop`."""
     return _build(
         "rl", cfg, model_path, datasets, publish_fn, run_dir, resume_from, run_name,
-        start_step, stop_fn,
+        start_step, stop_fn, commit_fn, start_version,
     )  # fmt: skip
 
 
@@ -69,6 +72,8 @@ def _build(
     run_name: str,
     start_step: int = 0,
     stop_fn: StopFn | None = None,
+    commit_fn: CommitFn | None = None,
+    start_version: int = 0,
 ) -> TorchTrainer:
     from ray.train.torch import TorchTrainer
 
@@ -86,6 +91,8 @@ def _build(
         resume_from=_as_checkpoint(resume_from),
         start_step=start_step,
         stop_fn=stop_fn,
+        commit_fn=commit_fn,
+        start_version=start_version,
     )
     return TorchTrainer(
         train_worker,

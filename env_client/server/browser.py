@@ -20,6 +20,7 @@ from typing import Any
 from env_client.commands import KeysOp, Op, PointerOp, ScrollOp, SleepOp, TypeOp
 from env_client.config import EmbeddedEnvConfig
 from env_client.server.dom_js import A11Y_JS, DEBUG_JS, NO_COVER_JS, PAGE_READY_JS
+from env_client.server.orphans import browser_env
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,8 @@ class MiniWoBBrowser:
         for flag in CHROME_FLAGS:
             options.add_argument(flag)
         options.binary_location = self.cfg.chrome_binary
-        service = Service(executable_path=self.cfg.chromedriver)
+        # Owner recorded: a server killed before it can quit this browser has it swept later.
+        service = Service(executable_path=self.cfg.chromedriver, env=browser_env())
         self.driver = webdriver.Chrome(service=service, options=options)
         self.driver.set_page_load_timeout(self.cfg.browser_start_timeout_s)
         self.driver.set_script_timeout(30)

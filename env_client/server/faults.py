@@ -7,7 +7,8 @@ Rules come from ``EmbeddedEnvConfig.faults`` at start or from ``POST /v1/faults`
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, field
 from typing import Any
 
 from env_client.config import FaultRule
@@ -19,6 +20,10 @@ class _Armed:
     rule: FaultRule
     seen: int = 0
     fired: int = 0
+    rng: random.Random = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.rule.seed)
 
     def matches(self, op: str, session_id: str | None, phase: str) -> bool:
         r = self.rule
@@ -56,7 +61,10 @@ class FaultBook:
             if armed.exhausted or not armed.matches(op, session_id, phase):
                 continue
             armed.seen += 1
-            if armed.seen > armed.rule.skip and hit is None:
+            if armed.seen <= armed.rule.skip or hit is not None:
+                continue
+            # A rate draw per eligible request, so the schedule depends on the seed alone.
+            if armed.rule.rate >= 1.0 or armed.rng.random() < armed.rule.rate:
                 armed.fired += 1
                 hit = armed.rule
         return hit

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections import OrderedDict
@@ -27,6 +28,7 @@ from typing import Any, TypeVar
 
 from env_client.config import EmbeddedEnvConfig
 from env_client.server.browser import MiniWoBBrowser
+from env_client.server.orphans import kill_orphan_browsers
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -224,8 +226,14 @@ class SessionManager:
         self.get(sid).last_heartbeat = time.monotonic()
 
     async def reap_forever(self) -> None:
-        """Reclaim sessions whose heartbeats stopped."""
+        """Reclaim sessions whose heartbeats stopped; once a minute (and at once), kill the
+        browsers of servers that died without closing them (``orphans``)."""
+        last_sweep = -math.inf
         while True:
+            now = time.monotonic()
+            if now - last_sweep >= 60.0:
+                last_sweep = now
+                await asyncio.to_thread(kill_orphan_browsers)
             await asyncio.sleep(self.cfg.reclaim_interval_s)
             now = time.monotonic()
             for s in list(self.sessions.values()):

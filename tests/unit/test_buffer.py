@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_schema import make_row
-from workflows.online_rl.buffer import TrajectoryBuffer, has_gradient
+from train_loops.jsonl import read_jsonl
+from workflows.online_rl.buffer import LEDGER_FILE, TrajectoryBuffer, group_id_of, has_gradient
 from workflows.online_rl.config import BufferConfig
 
 
@@ -101,19 +102,110 @@ def test_close_wakes_everyone() -> None:
 
 
 def test_completed_groups_survive_a_restart(tmp_path: Path) -> None:
+    """Handing rows out is not training: a restart reloads every row that the checkpoint it
+    resumes from (its lineage, ``trained_ids``) lacks, and nothing it has."""
+
     async def first_life():
         buf = TrajectoryBuffer(BufferConfig(), samples_per_step=4, shard_dir=str(tmp_path))
         for gid in ("a", "b"):
             await buf.acquire(0)
             await buf.put_group(gid, _group(gid, 2), successes=0)
-        return await buf.take(2)  # group a fully handed out; b still pending
+        return await buf.take(3)  # a's two rows and b-0 handed out; b-1 still queued
 
     taken = run(first_life())
-    assert {r["group_id"] for r in taken} == {"a"}
-    buf = TrajectoryBuffer(BufferConfig(), samples_per_step=4, shard_dir=str(tmp_path))
+    assert [r["sample_id"] for r in taken] == ["a-0", "a-1", "b-0"]
+    trained = ["a-0", "a-1"]  # the checkpoint holds a; b-0 was lost with the trainer
+    buf = TrajectoryBuffer(
+        BufferConfig(), samples_per_step=4, shard_dir=str(tmp_path), trained_ids=trained
+    )
     rows = run(buf.take(10))
-    assert {r["sample_id"] for r in rows} == {"b-0", "b-1"}
+    assert [r["sample_id"] for r in rows] == ["b-0", "b-1"]
     assert buf.stats()["groups_restored"] == 1
+    assert (tmp_path / "trained" / "a.parquet").exists()
+    assert (tmp_path / "pending" / "b.parquet").exists()  # until its rows are committed
+
+
+def test_a_dead_trainer_attempts_rows_come_back_once(tmp_path: Path) -> None:
+    """The job's answer to a trainer crash: end the stream epoch, requeue what the dead
+    attempt held but its newest checkpoint does not, open the next epoch."""
+
+    async def go():
+        buf = TrajectoryBuffer(BufferConfig(), samples_per_step=2, shard_dir=str(tmp_path))
+        for gid in ("a", "b"):
+            await buf.acquire(0)
+            await buf.put_group(gid, _group(gid, 3), successes=0)
+        epoch = await buf.open_stream()
+        first = await buf.take(2, epoch=epoch)  # a-0 a-1: trained and checkpointed
+        assert await buf.commit(2, [r["sample_id"] for r in first]) == 2
+        await buf.take(2, epoch=epoch)  # a-2 b-0: trained after the checkpoint, then lost
+        await buf.take(1, epoch=epoch)  # b-1: in the dead attempt's pipeline
+        await buf.end_stream()
+        back = await buf.requeue(["a-0", "a-1", "a-2"])  # a-2 made a later checkpoint
+        second = await buf.take(10, epoch=await buf.open_stream())
+        await buf.commit(4, [r["sample_id"] for r in second])
+        return buf, back, second
+
+    buf, back, second = run(go())
+    assert back == 2
+    assert [r["sample_id"] for r in second] == ["b-0", "b-1", "b-2"]  # order kept
+    s = buf.stats()
+    assert (s["samples_trained"], s["samples_requeued"], s["groups_trained"]) == (6, 2, 2)
+    assert sorted(p.name for p in (tmp_path / "trained").iterdir()) == ["a.parquet", "b.parquet"]
+    assert not list((tmp_path / "pending").iterdir())
+
+
+def test_a_commit_removes_a_requeued_copy_still_queued(tmp_path: Path) -> None:
+    """A commit that arrives after its rows were requeued (a checkpoint the requeue did not
+    know of) takes the queued copies out: they are never handed out twice."""
+
+    async def go():
+        buf = TrajectoryBuffer(BufferConfig(), samples_per_step=2, shard_dir=str(tmp_path))
+        await buf.acquire(0)
+        await buf.put_group("a", _group("a", 2), successes=0)
+        await buf.take(2, epoch=await buf.open_stream())
+        await buf.end_stream()
+        assert await buf.requeue([]) == 2
+        await buf.commit(1, ["a-0"])
+        return buf, await buf.take(5, timeout_s=0.05)
+
+    buf, rest = run(go())
+    assert [r["sample_id"] for r in rest] == ["a-1"]
+    assert buf.stats()["handed_samples"] == 1
+
+
+def test_a_dead_workers_groups_are_dropped_and_its_late_answers_ignored(tmp_path: Path) -> None:
+    async def go():
+        buf = TrajectoryBuffer(BufferConfig(), samples_per_step=2, shard_dir=str(tmp_path))
+        seqs = [await buf.acquire(0, worker=w) for w in (0, 1, 1)]
+        lost = await buf.worker_lost(1)
+        late = await buf.put_group(group_id_of(seqs[1]), _group(group_id_of(seqs[1]), 2), 0)
+        return buf, seqs, lost, late
+
+    buf, seqs, lost, late = run(go())
+    assert lost == [group_id_of(seqs[1]), group_id_of(seqs[2])] and not late
+    s = buf.stats()
+    assert (s["groups_worker_died"], s["groups_in_flight"], s["groups_late"]) == (2, 1, 1)
+    drops = [e for e in read_jsonl(tmp_path / LEDGER_FILE) if e["ev"] == "drop"]
+    assert [(e["group"], e["reason"]) for e in drops] == [(g, "worker_died") for g in lost]
+
+
+def test_a_restart_numbers_groups_after_every_earlier_one_and_records_abandoned(
+    tmp_path: Path,
+) -> None:
+    async def first_life():
+        buf = TrajectoryBuffer(BufferConfig(), samples_per_step=2, shard_dir=str(tmp_path))
+        done, cut = await buf.acquire(0), await buf.acquire(0)
+        await buf.put_group(group_id_of(done), _group(group_id_of(done), 2), 0)
+        return cut  # the job dies while this group plays
+
+    cut = run(first_life())
+    buf = TrajectoryBuffer(
+        BufferConfig(), samples_per_step=2, shard_dir=str(tmp_path), start_cursor=0
+    )
+    assert run(buf.acquire(0)) == 2  # not 0: ids stay unique across lives
+    drops = [e for e in read_jsonl(tmp_path / LEDGER_FILE) if e["ev"] == "drop"]
+    assert [(e["group"], e["reason"]) for e in drops] == [(group_id_of(cut), "abandoned")]
+    assert buf.stats()["groups_abandoned"] == 1
 
 
 @pytest.mark.parametrize("reason", ["failed", "cancelled"])
@@ -154,6 +246,7 @@ def test_ending_a_stream_epoch_stops_its_readers_only(tmp_path: Path) -> None:
         await buf.set_version(4)  # e.g. the SFT phase published versions 1..4
         next_epoch = await buf.open_stream()
         rows = await buf.take(10, timeout_s=0.05, epoch=next_epoch)
+        await buf.commit(1, [r["sample_id"] for r in rows])
         return buf, epoch, ended, stale_read, next_epoch, rows
 
     buf, epoch, ended, stale_read, next_epoch, rows = run(go())
@@ -163,6 +256,7 @@ def test_ending_a_stream_epoch_stops_its_readers_only(tmp_path: Path) -> None:
     assert (s["groups_completed"], s["groups_purged_stale"], s["samples_out"]) == (2, 1, 2)
     assert [p.name for p in (tmp_path / "purged").iterdir()] == ["old.parquet"]
     assert not list((tmp_path / "pending").iterdir())  # a restart restores neither
+    assert [p.name for p in (tmp_path / "trained").iterdir()] == ["new.parquet"]
 
 
 def test_has_gradient_follows_advantage_and_active_distillation() -> None:
@@ -191,7 +285,9 @@ def test_zero_gradient_samples_are_dropped_and_counted(tmp_path: Path) -> None:
         for gid, rows in (("g1", mixed), ("g2", flat)):
             await buf.acquire(0)
             await buf.put_group(gid, rows, successes=0)
-        return buf, await buf.take(10)
+        taken = await buf.take(10)
+        await buf.commit(1, [r["sample_id"] for r in taken])
+        return buf, taken
 
     buf, taken = run(go())
     assert [r["sample_id"] for r in taken] == ["g1-2"]
@@ -199,7 +295,7 @@ def test_zero_gradient_samples_are_dropped_and_counted(tmp_path: Path) -> None:
     assert (s["samples_dropped_zero_grad"], s["groups_zero_grad"], s["samples_in"]) == (6, 1, 1)
     assert s["groups_completed"] == 2  # both groups finished; neither lost
     assert (tmp_path / "zero_grad" / "g2.parquet").exists()
-    assert (tmp_path / "taken" / "g1.parquet").exists()
+    assert (tmp_path / "trained" / "g1.parquet").exists()
 
 
 def test_success_rate_per_task_family() -> None:

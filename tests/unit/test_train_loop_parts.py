@@ -273,3 +273,18 @@ def test_agree_across_two_gloo_ranks(tmp_path: Path) -> None:
     assert got[0][0] == [False, True]  # nobody steps; everyone reports
     assert got[0][1] == [True, False]
     assert got[0][2] == [True, False]  # rank 1's stop wish reaches rank 0
+
+
+def test_lineage_steps_merge_across_ranks_and_every_kind_is_carried(tmp_path: Path) -> None:
+    from train_loops.lineage import lineage_ids, read_lineage, read_lineages, write_lineages
+    from train_loops.loop import _gather, _merge_steps
+
+    rank0 = [{"step": 3, "ids": ["b", "a"]}, {"step": 4, "ids": ["e"]}]
+    rank1 = [{"step": 3, "ids": ["c"]}, {"step": 4, "ids": ["d"]}]
+    assert _gather(rank0) == rank0  # without torch.distributed: this rank's alone
+    merged = _merge_steps(rank0 + rank1)
+    assert merged == [{"step": 3, "ids": ["a", "b", "c"]}, {"step": 4, "ids": ["d", "e"]}]
+    write_lineages(tmp_path, {"rl": merged, "sft": [{"step": 1, "ids": ["s"]}]})
+    assert read_lineage(tmp_path) == merged and lineage_ids(merged) == set("abcde")
+    assert read_lineages(tmp_path)["sft"] == [{"step": 1, "ids": ["s"]}]
+    assert read_lineages(tmp_path / "nowhere") == {} and read_lineage(None) == []

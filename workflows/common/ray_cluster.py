@@ -62,6 +62,9 @@ def init_ray(cfg: RayClusterConfig | None = None, runtime_env: dict | None = Non
         env = {"env_vars": {k: os.environ[k] for k in _WORKER_ENV if k in os.environ}}
         env.update(runtime_env or {})
         if address:
+            # Under `ray job submit --runtime-env-json '{"env_vars": …}'` Ray refuses a driver
+            # runtime env that names the same fields unless told to combine them.
+            os.environ.setdefault("RAY_OVERRIDE_JOB_RUNTIME_ENV", "1")
             ray.init(address=address, runtime_env=env, log_to_driver=True)
         else:
             # address="local": always a new cluster, never one someone `ray start`ed here.

@@ -9,6 +9,13 @@ One asyncio Ray actor sits between the rollout workers and the trainer's Ray Dat
 - ``put_group`` stores a finished group atomically (all its samples or none) and writes it to a
   Parquet shard under the run folder first, so a killed job loses no completed group.
 - ``take`` hands out up to ``n`` samples atomically (one method call; see RAY_NOTES.md trap 2).
+- Handing out is not training: a group's shard stays in ``pending/`` until the trainer
+  ``commit``s its rows (after the checkpoint that holds them), then moves to ``trained/``. When a
+  trainer attempt dies, ``requeue`` hands its uncommitted rows out again (those in the newest
+  checkpoint's lineage, :mod:`train_loops.lineage`, count as trained); a restarted job reloads
+  exactly the pending rows that lineage lacks. No row is trained twice or lost.
+- Every group's fate is a line of ``ledger.jsonl`` (started, completed, dropped with a reason,
+  trained), which :mod:`workflows.online_rl.accounting` audits.
 - The trainer's stream has epochs: ``end_stream`` ends the current one (its readers get None,
   so the RL fit ends and checkpoints) while rollouts go on; ``open_stream`` starts the next one
   for a new fit (after an Entropulse phase), first discarding rows that became too stale.
@@ -23,6 +30,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Literal
 
+from train_loops.jsonl import JsonlWriter, read_jsonl
 from train_loops.schema import read_parquet, write_parquet
 from workflows.online_rl.config import BufferConfig
 from workflows.online_rl.curriculum import TaskPicker
@@ -40,6 +48,17 @@ def has_gradient(row: dict[str, Any], sd_type: str) -> bool:
     return sd_type == "ungated" or int(row.get("d") or 0) != 0
 
 
+LEDGER_FILE = "ledger.jsonl"
+# Why a started group ended without rows (ledger "drop" reasons): the episodes' environment
+# budget ran out, the job stopped it, it came back too stale, its rollout worker died, or the
+# job died while it was in flight (found by the next start).
+DROP_REASONS = ("failed", "cancelled", "stale", "worker_died", "abandoned")
+
+
+def group_id_of(seq: int) -> str:
+    return f"g{seq:06d}"
+
+
 class TrajectoryBuffer:
     """Use as a Ray actor: ``ray.remote(TrajectoryBuffer).options(name=…).remote(…)``."""
 
@@ -55,6 +74,7 @@ class TrajectoryBuffer:
         kinds: dict[str, str] | None = None,
         max_groups: int | None = None,
         picker: TaskPicker | None = None,
+        trained_ids: list[str] | None = None,
     ) -> None:
         self.cfg = cfg
         self.sd_type = sd_type
@@ -64,8 +84,14 @@ class TrajectoryBuffer:
         self.mode = mode
         self.version = start_version
         self.shard_dir = Path(shard_dir) if shard_dir else None
+        self.ledger = JsonlWriter(self.shard_dir and self.shard_dir / LEDGER_FILE, timestamp=True)
         self._rows: deque[dict[str, Any]] = deque()
-        self._group_left: dict[str, int] = {}  # group id → rows not yet taken
+        self._open: dict[str, set[str]] = {}  # group id → its rows not yet trained or purged
+        self._group_of: dict[str, str] = {}  # sample id of an open row → its group id
+        self._trained_in: dict[str, int] = {}  # group id → its rows trained so far
+        self._handed: dict[str, tuple[str, int]] = {}  # sample id → (group id, stream epoch)
+        self._owner: dict[str, int] = {}  # group in flight → rollout worker index
+        self._ended: set[str] = set()  # groups dropped in this life (a late put is ignored)
         self._cond = asyncio.Condition()
         self._closed = False
         self.max_groups = max_groups  # rollout budget: no group starts past it
@@ -80,15 +106,21 @@ class TrajectoryBuffer:
             (
                 "groups_started",
                 "groups_completed",
+                "groups_trained",
                 "groups_dropped_failed",
                 "groups_dropped_stale",
                 "groups_cancelled",
+                "groups_worker_died",
+                "groups_abandoned",
                 "groups_restored",
                 "groups_purged_stale",
                 "groups_zero_grad",
+                "groups_late",
                 "samples_dropped_zero_grad",
                 "samples_in",
                 "samples_out",
+                "samples_trained",
+                "samples_requeued",
                 "episodes",
                 "episodes_success",
                 "lag_sum",
@@ -97,20 +129,22 @@ class TrajectoryBuffer:
         )
         self._started_at = time.time()
         if self.shard_dir:
-            self._restore()
+            self._restore(set(trained_ids or ()))
 
     # ---- producer side -------------------------------------------------------------------
-    async def acquire(self, served_version: int) -> int | None:
-        """Wait until a new group may start; returns its sequence number (the task cursor),
-        or None once the buffer is closed."""
+    async def acquire(self, served_version: int, worker: int = -1) -> int | None:
+        """Wait until a new group may start; returns its sequence number (the task cursor;
+        the group's id is :func:`group_id_of` it), or None once the buffer is closed."""
         async with self._cond:
             await self._cond.wait_for(lambda: self._closed or self._may_start(served_version))
             if self._closed or self._budget_spent():
                 return None
             self._in_flight += 1
             self.stats_["groups_started"] += 1
-            self._cursor += 1
-            return self._cursor - 1
+            seq, self._cursor = self._cursor, self._cursor + 1
+            self._owner[group_id_of(seq)] = worker
+            self.ledger.write(ev="start", group=group_id_of(seq), worker=worker)
+            return seq
 
     def _budget_spent(self) -> bool:
         return self.max_groups is not None and self._cursor >= self.max_groups
@@ -139,18 +173,30 @@ class TrajectoryBuffer:
             self._phase_version = self.version
             self._phase_produced = 0
 
+    def _finish_flight(self, group_id: str) -> bool:
+        """The group's slot is free again; False if it had already been dropped (a put or drop
+        arriving after its worker was declared dead changes nothing)."""
+        if group_id in self._ended:
+            self.stats_["groups_late"] += 1
+            return False
+        self._owner.pop(group_id, None)
+        self._in_flight = max(0, self._in_flight - 1)
+        self._close_if_done()
+        return True
+
     async def put_group(self, group_id: str, rows: list[dict[str, Any]], successes: int) -> bool:
         """Store a finished group (all rows or none). Returns False if it was dropped as stale."""
         async with self._cond:
-            self._in_flight = max(0, self._in_flight - 1)
-            self._close_if_done()
+            if not self._finish_flight(group_id):
+                return False
             oldest = min((r["behavior_version"] for r in rows), default=self.version)
             if self.version - oldest > self.cfg.max_staleness + 1:
-                self.stats_["groups_dropped_stale"] += 1
+                self._drop(group_id, "stale")
                 self._cond.notify_all()
                 return False
             if self.shard_dir:
                 write_parquet(rows, self.shard_dir / "pending" / f"{group_id}.parquet")
+            self.ledger.write(ev="complete", group=group_id, rows=len(rows))
             self._admit(group_id, rows)
             self.stats_["groups_completed"] += 1
             self.stats_["episodes"] += len({r["episode_id"] for r in rows})
@@ -177,31 +223,70 @@ class TrajectoryBuffer:
         """Success rate per task family/domain over the completed groups."""
         return {k: wins / n for k, (n, wins) in sorted(self._by_kind.items()) if n}
 
-    def _admit(self, group_id: str, rows: list[dict[str, Any]]) -> None:
+    def _admit(self, group_id: str, rows: list[dict[str, Any]], trained: set[str] = set()) -> int:  # noqa: B006
+        """Queue the group's rows that still need training; returns how many were queued."""
         if self.cfg.drop_zero_gradient:
             kept = [r for r in rows if has_gradient(r, self.sd_type)]
             self.stats_["samples_dropped_zero_grad"] += len(rows) - len(kept)
+            if kept and len(kept) < len(rows):
+                flat = sorted({r["sample_id"] for r in rows} - {r["sample_id"] for r in kept})
+                self.ledger.write(ev="zero_grad_samples", group=group_id, ids=flat)
             if not kept:  # the whole group: its shard is kept aside, with the reason
                 self.stats_["groups_zero_grad"] += 1
                 self._move_shard(group_id, "zero_grad")
-                return
+                self.ledger.write(ev="zero_grad", group=group_id)
+                return 0
             rows = kept
-        self._rows.extend(rows)
-        self._group_left[group_id] = len(rows)
-        self.stats_["samples_in"] += len(rows)
+        done = [r for r in rows if r["sample_id"] in trained]
+        todo = [r for r in rows if r["sample_id"] not in trained]
+        self._trained_in[group_id] = len(done)
+        if not todo:
+            self._settled(group_id)
+            return 0
+        self._rows.extend(todo)
+        self._open[group_id] = {r["sample_id"] for r in todo}
+        self._group_of.update((r["sample_id"], group_id) for r in todo)
+        self.stats_["samples_in"] += len(todo)
+        return len(todo)
 
     def task_for(self, seq: int) -> int:
         """Index of the task group ``seq`` plays, in the job's task list."""
         return seq if self.picker is None else self.picker.pick(seq)
 
-    async def drop_group(self, reason: Literal["failed", "cancelled"]) -> None:
+    async def drop_group(
+        self, reason: Literal["failed", "cancelled"], group_id: str | None = None
+    ) -> None:
         """A started group that will never complete (env budget exhausted, shutdown)."""
         async with self._cond:
-            self._in_flight = max(0, self._in_flight - 1)
-            self._close_if_done()
-            key = "groups_dropped_failed" if reason == "failed" else "groups_cancelled"
-            self.stats_[key] += 1
+            if group_id is None or self._finish_flight(group_id):
+                if group_id is None:  # callers that do not name it (tests, old workers)
+                    self._in_flight = max(0, self._in_flight - 1)
+                    self._close_if_done()
+                self._drop(group_id, reason)
             self._cond.notify_all()
+
+    async def worker_lost(self, worker: int) -> list[str]:
+        """Rollout worker ``worker`` died: its groups in flight end as ``worker_died``."""
+        async with self._cond:
+            lost = [g for g, w in self._owner.items() if w == worker]
+            for group_id in lost:
+                self._finish_flight(group_id)
+                self._drop(group_id, "worker_died")
+            self._cond.notify_all()
+            return lost
+
+    def _drop(self, group_id: str | None, reason: str) -> None:
+        key = {
+            "failed": "groups_dropped_failed",
+            "cancelled": "groups_cancelled",
+            "stale": "groups_dropped_stale",
+            "worker_died": "groups_worker_died",
+            "abandoned": "groups_abandoned",
+        }[reason]
+        self.stats_[key] += 1
+        if group_id is not None:
+            self._ended.add(group_id)
+            self.ledger.write(ev="drop", group=group_id, reason=reason)
 
     # ---- consumer side -------------------------------------------------------------------
     async def take(
@@ -225,21 +310,76 @@ class TrajectoryBuffer:
                 return None
             out = [self._rows.popleft() for _ in range(min(n, len(self._rows)))]
             for row in out:
-                self._mark_taken(row["group_id"])
+                self._handed[row["sample_id"]] = (row["group_id"], self._epoch)
             self.stats_["samples_out"] += len(out)
             self._cond.notify_all()
             return out
 
-    def _mark_taken(self, group_id: str) -> None:
-        left = self._group_left.get(group_id, 0) - 1
-        if left > 0:
-            self._group_left[group_id] = left
-            return
-        self._group_left.pop(group_id, None)
-        self._move_shard(group_id, "taken")
+    async def commit(self, step: int, sample_ids: list[str]) -> int:
+        """The trainer's checkpoint at ``step`` holds these samples: they are trained. A group
+        whose rows are all trained moves to ``trained/``. Idempotent; returns rows newly settled."""
+        async with self._cond:
+            n = sum(self._settle(sid, trained=True) for sid in sample_ids)
+            if n:
+                self.ledger.write(ev="commit", step=step, rows=n)
+            return n
+
+    async def requeue(self, trained_ids: list[str]) -> int:
+        """After a trainer attempt died (call between ``end_stream`` and ``open_stream``): rows
+        handed to its streams are trained if ``trained_ids`` (the lineage of the checkpoint the
+        next attempt starts from) has them, else they go back to the head of the queue, read
+        again from their pending shards. Returns the rows requeued."""
+        async with self._cond:
+            trained = set(trained_ids)
+            back: dict[str, set[str]] = {}
+            for sid, (group_id, epoch) in list(self._handed.items()):
+                if epoch >= self._epoch:  # a current reader has it
+                    continue
+                if sid in trained:
+                    self._settle(sid, trained=True)
+                else:
+                    del self._handed[sid]
+                    back.setdefault(group_id, set()).add(sid)
+            rows = [r for g, sids in sorted(back.items()) for r in self._shard_rows(g, sids)]
+            self._rows.extendleft(reversed(rows))
+            self.stats_["samples_requeued"] += len(rows)
+            if rows or back:
+                self.ledger.write(ev="requeue", rows=len(rows), groups=sorted(back))
+            self._cond.notify_all()
+            return len(rows)
+
+    def _shard_rows(self, group_id: str, sample_ids: set[str]) -> list[dict[str, Any]]:
+        if not self.shard_dir:
+            return []
+        rows = read_parquet(self.shard_dir / "pending" / f"{group_id}.parquet")
+        return [r for r in rows if r["sample_id"] in sample_ids]
+
+    def _settle(self, sample_id: str, trained: bool) -> bool:
+        """``sample_id`` needs no more training (trained, or purged as too stale)."""
+        group_id = self._group_of.pop(sample_id, None)
+        if group_id is None:
+            return False
+        if self._handed.pop(sample_id, None) is None:  # still queued (a requeued copy)
+            self._rows = deque(r for r in self._rows if r["sample_id"] != sample_id)
+        left = self._open[group_id]
+        left.discard(sample_id)
+        if trained:
+            self._trained_in[group_id] = self._trained_in.get(group_id, 0) + 1
+            self.stats_["samples_trained"] += 1
+        if not left:
+            self._settled(group_id)
+        return True
+
+    def _settled(self, group_id: str) -> None:
+        self._open.pop(group_id, None)
+        trained = self._trained_in.pop(group_id, 0)
+        self._move_shard(group_id, "trained" if trained else "purged")
+        if trained:
+            self.stats_["groups_trained"] += 1
+            self.ledger.write(ev="trained", group=group_id)
 
     def _move_shard(self, group_id: str, to: str) -> None:
-        """pending/ → ``to``/: a restart restores only what was never handed out."""
+        """pending/ → ``to``/: a restart restores only what was never trained."""
         if self.shard_dir:
             src = self.shard_dir / "pending" / f"{group_id}.parquet"
             if src.exists():
@@ -259,17 +399,19 @@ class TrajectoryBuffer:
             self._cond.notify_all()
 
     async def open_stream(self) -> int:
-        """The epoch for a new stream, after dropping buffered groups too stale to train on
+        """The epoch for a new stream, after dropping buffered rows too stale to train on
         (same rule as ``put_group``; counted as ``groups_purged_stale``, shards kept)."""
         async with self._cond:
             limit = self.version - self.cfg.max_staleness - 1
-            stale = {r["group_id"] for r in self._rows if r["behavior_version"] < limit}
+            stale = [r for r in self._rows if r["behavior_version"] < limit]
             if stale:
-                self._rows = deque(r for r in self._rows if r["group_id"] not in stale)
-                for group_id in stale:
-                    self._group_left.pop(group_id, None)
-                    self._move_shard(group_id, "purged")
-                self.stats_["groups_purged_stale"] += len(stale)
+                ids = {r["sample_id"] for r in stale}
+                self._rows = deque(r for r in self._rows if r["sample_id"] not in ids)
+                groups = {r["group_id"] for r in stale}
+                self.ledger.write(ev="purge", ids=sorted(ids))
+                for row in stale:
+                    self._settle(row["sample_id"], trained=False)
+                self.stats_["groups_purged_stale"] += len(groups)
                 self._cond.notify_all()
             return self._epoch
 
@@ -284,6 +426,7 @@ class TrajectoryBuffer:
             version=self.version,
             cursor=self._cursor,
             buffered_samples=len(self._rows),
+            handed_samples=len(self._handed),
             groups_in_flight=self._in_flight,
             mean_lag=s["lag_sum"] / s["samples_in"] if s["samples_in"] else 0.0,
             success_rate=s["episodes_success"] / s["episodes"] if s["episodes"] else 0.0,
@@ -293,11 +436,31 @@ class TrajectoryBuffer:
         s.update(self.picker.stats() if self.picker else {"tasks_saturated": 0, "tasks_skipped": 0})
         return s
 
-    def _restore(self) -> None:
-        """Reload groups that completed but were never handed out before a restart."""
+    def _restore(self, trained: set[str]) -> None:
+        """A (re)start: reload the pending rows the trainer's checkpoint has not trained on,
+        record groups the previous life left in flight as abandoned, and continue the group
+        numbering after the highest group ever started (ids stay unique across restarts)."""
         assert self.shard_dir is not None
-        for shard in sorted((self.shard_dir / "pending").glob("*.parquet")):
+        history = read_jsonl(self.shard_dir / LEDGER_FILE)
+        ended = {e["group"] for e in history if e.get("ev") in ("complete", "drop", "zero_grad")}
+        pending = sorted((self.shard_dir / "pending").glob("*.parquet"))
+        restored = 0
+        for shard in pending:
+            if shard.stem not in ended:  # written, but the life ended before its ledger line
+                self.ledger.write(ev="complete", group=shard.stem, rows=-1)
+                ended.add(shard.stem)
             rows = read_parquet(shard)
             if rows:
-                self._admit(shard.stem, rows)
-                self.stats_["groups_restored"] += 1
+                restored += self._admit(shard.stem, rows, trained) > 0
+        self.stats_["groups_restored"] = restored
+        started = [e["group"] for e in history if e.get("ev") == "start"]
+        for group_id in dict.fromkeys(started):
+            if group_id not in ended and not self._shard_exists(group_id):
+                self._drop(group_id, "abandoned")
+        seqs = [int(g[1:]) for g in started if g[1:].isdigit()]
+        self._cursor = max([self._cursor, *(s + 1 for s in seqs)])
+        self.ledger.write(ev="life", restored_groups=restored, cursor=self._cursor)
+
+    def _shard_exists(self, group_id: str) -> bool:
+        assert self.shard_dir is not None
+        return any(self.shard_dir.glob(f"*/{group_id}.parquet"))

@@ -73,6 +73,12 @@ class RolloutConfig(_Strict):
     episode_retries: int = Field(
         2, ge=0, description="Retries of an episode on a fresh session after an env failure."
     )
+    serve_retry_s: float = Field(
+        120.0,
+        ge=0,
+        description="How long a policy request is retried while its replica is down (Serve "
+        "restarts a dead replica, which loads the latest weights); past it the group is dropped.",
+    )
     use_analyzer: bool = Field(
         True, description="Judge each transition; off → d=0 everywhere (plain GRPO)."
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -79,13 +80,50 @@ class Publisher:
         JobState(Path(self.run_dir)).save(version, {"cursor": stats["cursor"], "stats": stats})
 
 
+class Committer:
+    """The trainer's ``commit_fn``: the samples a stored checkpoint holds are trained, so the
+    buffer moves their groups to ``trained/``. Picklable."""
+
+    def __init__(self, buffer_name: str) -> None:
+        self.buffer_name = buffer_name
+
+    def __call__(self, step: int, sample_ids: list[str]) -> None:
+        import ray
+
+        # Waited for, so commits arrive in order; a lost one is repaired by the next requeue.
+        with contextlib.suppress(Exception):
+            ray.get(ray.get_actor(self.buffer_name).commit.remote(step, sample_ids), timeout=60)
+
+
+def policy_registry(cfg: OnlineRLConfig) -> str:
+    """A registry per run: two jobs (or a job and a test) on one cluster never cross weights."""
+    return f"{cfg.run_name}-policy"
+
+
+def published_version(cfg: OnlineRLConfig) -> int:
+    """The highest weight version this run ever published: its registry's latest, or the job
+    state's newest record when the registry is gone (a killed job's detached registry may live
+    on; a restarted one forgets)."""
+    import ray
+
+    from serve_apps.weights.registry import registry_actor_name
+
+    versions = [int(p.stem[1:]) for p in (cfg.run_dir / "job_state").glob("v*.json")]
+    with contextlib.suppress(Exception):
+        name = registry_actor_name(policy_registry(cfg))
+        registry = ray.get_actor(name, namespace=cfg.policy.weights.namespace)
+        latest = ray.get(registry.latest_version.remote(), timeout=30)
+        versions.append(int(latest or 0))
+    return max(versions, default=0)
+
+
 class Monitor(threading.Thread):
     """Polls the buffer, rollout workers and trainer metrics; writes JSONL, dashboard gauges and
     the console progress line."""
 
-    def __init__(self, cfg: OnlineRLConfig, buffer: Any, workers: list[Any]) -> None:
+    def __init__(self, cfg: OnlineRLConfig, buffer: Any, fleet: Any) -> None:
         super().__init__(daemon=True)
-        self.cfg, self.buffer, self.workers = cfg, buffer, workers
+        self.cfg, self.buffer, self.fleet = cfg, buffer, fleet
         self.jsonl = JsonlWriter(cfg.run_dir / "metrics.jsonl")
         self.tracker = Tracker(cfg.tracking, cfg.run_dir, cfg.run_name, cfg.model_dump(mode="json"))
         self.dashboard = DashboardMetrics(cfg.run_name)
@@ -98,14 +136,14 @@ class Monitor(threading.Thread):
 
     def run(self) -> None:
         while not self.stop_event.wait(self.cfg.progress_every_s):
+            for line in self.fleet.check():
+                print(f"[job] {line}", flush=True)
             self.report()
 
     def report(self) -> dict[str, Any]:
         import ray
 
-        rec = self.collect(
-            ray.get(self.buffer.stats.remote()), ray.get([w.stats.remote() for w in self.workers])
-        )
+        rec = self.collect(ray.get(self.buffer.stats.remote()), self.fleet.stats())
         self.jsonl.write(rec)
         self.tracker.log(rec)
         self.dashboard.update(rec)
@@ -128,6 +166,13 @@ class Monitor(threading.Thread):
             "rollout/groups_restored": buf["groups_restored"],
             "rollout/groups_dropped_failed": buf["groups_dropped_failed"],
             "rollout/groups_dropped_stale": buf["groups_dropped_stale"],
+            "rollout/groups_worker_died": buf["groups_worker_died"],
+            "rollout/groups_abandoned": buf["groups_abandoned"],
+            "rollout/groups_trained": buf["groups_trained"],
+            "rollout/worker_restarts": float(self.fleet.restarts),
+            "rollout/policy_retries": total.get("policy_retries", 0.0),
+            "buffer/samples_requeued": buf["samples_requeued"],
+            "buffer/samples_trained": buf["samples_trained"],
             "rollout/groups_in_flight": buf["groups_in_flight"],
             "rollout/mean_version_lag": buf["mean_lag"],
             "rollout/invalid_actions": total.get("invalid_actions", 0.0),
@@ -206,15 +251,33 @@ def _resolved_models(cfg: OnlineRLConfig, resume_dir: Path | None, version: int)
     """model_path 'tiny:<seed>' → a built tiny checkpoint; the policy replicas serve the resume
     checkpoint's weights at its version (the trainer keeps the base model as its model_path)."""
     policy_path = resume_dir or Path(_model_path(cfg.policy.model_path, "policy"))
-    # A registry per run: two jobs (or a job and a test) on one cluster never cross weights.
     weights = cfg.policy.weights.model_copy(
-        update={"initial_version": version, "registry_name": f"{cfg.run_name}-policy"}
+        update={"initial_version": version, "registry_name": policy_registry(cfg)}
     )
     policy = cfg.policy.model_copy(update={"model_path": str(policy_path), "weights": weights})
     analyzer = cfg.analyzer.model_copy(
         update={"model_path": _model_path(cfg.analyzer.model_path, "analyzer")}
     )
     return cfg.model_copy(update={"policy": policy, "analyzer": analyzer})
+
+
+def _start_version(cfg: OnlineRLConfig, checkpoint_version: int) -> int:
+    """The version the job serves first. A job killed after publishing past its last
+    checkpoint resumes at the next free version (the checkpoint's weights, newly numbered),
+    so the served version never goes backwards; a registry left over from the killed job
+    (detached) is removed first, or its newer, lost weights would be served."""
+    from serve_apps.weights.registry import kill_registry
+
+    published = published_version(cfg)
+    kill_registry(policy_registry(cfg), cfg.policy.weights.namespace)
+    if published <= checkpoint_version:
+        return checkpoint_version
+    print(
+        f"[job] versions up to {published} were published after the checkpoint (version "
+        f"{checkpoint_version}): its weights are served as version {published + 1}",
+        flush=True,
+    )
+    return published + 1
 
 
 def _model_path(path: str, name: str) -> str:
@@ -267,9 +330,11 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
     import ray
 
     from env_client.tasks.sources import make_task_source
+    from train_loops.lineage import lineage_ids, read_lineage
     from workflows.common.pipeline import preflight_task, round_robin, select_tasks
     from workflows.online_rl.buffer import TrajectoryBuffer
     from workflows.online_rl.curriculum import TaskPicker
+    from workflows.online_rl.fleet import RolloutFleet
     from workflows.online_rl.rl_phases import ResumePoint, resume_point
     from workflows.online_rl.rollout import RolloutWorker
 
@@ -295,7 +360,8 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
     if cfg.rollout.preflight:
         preflight_task(cfg.env, env_url, source.instance(tasks[0], 0), cfg.task_source.kind)
     base_policy = _model_path(cfg.policy.model_path, "policy")
-    cfg = _resolved_models(cfg, point.checkpoint, point.version)
+    start_version = _start_version(cfg, point.version)
+    cfg = _resolved_models(cfg, point.checkpoint, start_version)
     _start_serving(cfg)
     buffer = (
         ray.remote(TrajectoryBuffer)
@@ -305,7 +371,7 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
             cfg.trainer.samples_per_step,
             cfg.mode,
             str(run_dir / "trajectories"),
-            point.version,
+            start_version,
             JobState(run_dir).load(point.version).get("cursor", 0),
             cfg.loss.sd_type,
             {str(t["task"]): str(t.get("kind") or "other") for t in tasks},
@@ -317,29 +383,27 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
                 cfg.rollout.explore,
                 seed=cfg.seed,
             ),
+            sorted(lineage_ids(read_lineage(point.checkpoint))),
         )
     )
-    worker_cls = ray.remote(RolloutWorker)
-    workers: list[Any] = [
-        worker_cls.options(num_cpus=cfg.rollout.worker_num_cpus, max_concurrency=64).remote(
-            cfg,
-            i,
-            tasks,
-            env_url,
-            buffer,
-            cfg.policy.name,
-            cfg.analyzer.name if cfg.rollout.use_analyzer else None,
-        )
-        for i in range(cfg.rollout.num_workers)
-    ]
-    rollout_refs = [w.run.remote() for w in workers]
-    monitor = Monitor(cfg, buffer, workers)
+    worker_cls = ray.remote(RolloutWorker).options(
+        num_cpus=cfg.rollout.worker_num_cpus, max_concurrency=64
+    )
+    analyzer_app = cfg.analyzer.name if cfg.rollout.use_analyzer else None
+    fleet = RolloutFleet(
+        lambda i: worker_cls.remote(cfg, i, tasks, env_url, buffer, cfg.policy.name, analyzer_app),
+        cfg.rollout.num_workers,
+        buffer,
+    )
+    monitor = Monitor(cfg, buffer, fleet)
     monitor.start()
     publisher = Publisher(str(run_dir), cfg.policy.weights, f"{cfg.run_name}-buffer")
     try:
-        steps = _train(cfg, base_policy, buffer, publisher, point, monitor)
+        steps = _train(cfg, base_policy, buffer, publisher, point, monitor, start_version)
     finally:
-        last = _stop(buffer, workers, rollout_refs, monitor)
+        # Stopped (Ctrl-C, `ray job stop`: SIGKILL follows after a grace time) or failed: the
+        # in-flight episodes get a short time to finish; a finished job waits for them.
+        last = _stop(buffer, fleet, monitor, 15.0 if sys.exc_info()[0] else 120.0)
         monitor.tracker.close()
         if not cfg.keep_serving:
             _delete_apps(cfg)
@@ -373,10 +437,12 @@ def _train(
     publisher: Publisher,
     point: Any,  # workflows.online_rl.rl_phases.ResumePoint
     monitor: Monitor,
+    start_version: int,
 ) -> int:
     """RL segments until ``trainer.max_steps`` RL steps, an Entropulse SFT phase between two
     segments whenever the loop's ``EntropulseStop`` ends one (see ``workflows.online_rl.rl_phases``).
-    Returns the RL steps done."""
+    A fit whose worker group dies is started again from the newest checkpoint, up to
+    ``trainer.max_failures`` times (:func:`_after_trainer_failure`). Returns the RL steps done."""
     import ray
 
     from train_loops.config import RLTrainConfig
@@ -387,7 +453,12 @@ def _train(
 
     pulse = Entropulse(cfg.entropulse, cfg.run_dir, cfg.trainer, cfg.optim, metrics=monitor.jsonl)
     monitor.extra["entropulse/phases"] = float(pulse.phases)
-    rl_cfg = RLTrainConfig(trainer=cfg.trainer, optim=cfg.optim, loss=cfg.loss)
+    # Restarts are the job's, not Ray Train's: between two attempts the buffer must take back
+    # the rows the dead one held (see _after_trainer_failure).
+    trainer_cfg = cfg.trainer.model_copy(update={"max_failures": 0})
+    rl_cfg = RLTrainConfig(trainer=trainer_cfg, optim=cfg.optim, loss=cfg.loss)
+    committer = Committer(f"{cfg.run_name}-buffer")
+    failures = 0
     while True:
         epoch = ray.get(buffer.open_stream.remote())
         stream = buffer_dataset(
@@ -397,9 +468,17 @@ def _train(
         trainer = build_rl_trainer(
             rl_cfg, base_policy, {"train": stream}, publisher, cfg.run_dir,
             resume_from=point.checkpoint, run_name=point.run_name, start_step=point.step,
-            stop_fn=stop_fn,
+            stop_fn=stop_fn, commit_fn=committer, start_version=start_version,
         )  # fmt: skip
-        result = trainer.fit()
+        try:
+            result = trainer.fit()
+        except Exception as exc:  # the worker group died (a killed process, a lost node)
+            ray.get(buffer.end_stream.remote())
+            failures += 1
+            if failures > cfg.trainer.max_failures:
+                raise
+            point, start_version = _after_trainer_failure(cfg, buffer, exc, failures)
+            continue
         ray.get(buffer.end_stream.remote())  # the ended fit's read tasks stop taking rows
         checkpoint = Path(result.checkpoint.path) if result.checkpoint else point.checkpoint
         step = point.step if checkpoint is None else _checkpoint_step(checkpoint, point.step)
@@ -423,6 +502,33 @@ def _train(
         point = ResumePoint(pulse.phases, Path(phase.checkpoint), step, phase.version)
 
 
+def _after_trainer_failure(
+    cfg: OnlineRLConfig, buffer: Any, exc: BaseException, failures: int
+) -> tuple[Any, int]:
+    """After a dead fit (its stream epoch already ended): the newest checkpoint is where the
+    next attempt starts; rows the dead attempt was handed and that checkpoint's lineage lacks
+    go back to the buffer's queue; the next attempt publishes its weights as the next free
+    version (the dead one may have published past its checkpoint)."""
+    import ray
+
+    from train_loops.lineage import lineage_ids, read_lineage
+    from workflows.online_rl.rl_phases import resume_point
+
+    point = resume_point(cfg.run_dir)
+    trained = sorted(lineage_ids(read_lineage(point.checkpoint)))
+    requeued = ray.get(buffer.requeue.remote(trained))
+    published = published_version(cfg)
+    start_version = point.version if published <= point.version else published + 1
+    print(
+        f"[job] trainer failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+        f"attempt {failures + 1} of {cfg.trainer.max_failures + 1} resumes from "
+        f"{point.checkpoint or 'the base model'} (RL step {point.step}), {requeued} samples "
+        f"handed to the dead attempt are queued again, weights served as version {start_version}",
+        flush=True,
+    )
+    return point, start_version
+
+
 def _checkpoint_step(checkpoint: Path, default: int) -> int:
     state = checkpoint / "trainer_state.json"
     return int(json.loads(state.read_text()).get("step", default)) if state.exists() else default
@@ -441,17 +547,13 @@ def _delete_apps(cfg: OnlineRLConfig) -> None:
         kill_registry(cfg.policy.weights.registry_name, cfg.policy.weights.namespace)
 
 
-def _stop(buffer: Any, workers: list[Any], refs: list[Any], monitor: Monitor) -> dict[str, Any]:
+def _stop(buffer: Any, fleet: Any, monitor: Monitor, timeout_s: float) -> dict[str, Any]:
     """Close the buffer (rollouts stop starting groups), let in-flight episodes release their
-    sessions, then take the final metrics record."""
+    sessions (cancelled after ``timeout_s``; their release still runs), then take the final
+    metrics record."""
     import ray
 
     ray.get(buffer.close.remote())
-    for w in workers:
-        w.stop.remote()
-    _, pending = ray.wait(refs, num_returns=len(refs), timeout=120)
-    for ref in pending:  # stuck episodes: cancelling still runs their release (shielded)
-        ray.cancel(ref)
-    ray.wait(refs, num_returns=len(refs), timeout=30)
+    fleet.stop(timeout_s)
     monitor.stop_event.set()
     return monitor.report()

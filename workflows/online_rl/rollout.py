@@ -8,8 +8,10 @@ An episode ends when all its steps' judgments are in. Per finished group: ``eval
 scores, rewards r = ±1, group-relative advantages, all samples to the buffer at once.
 
 Failures: an environment failure retries the episode on a fresh session up to
-``episode_retries``; a group that still cannot complete is dropped whole and counted, never
-silently skipped. A failed analyzer or rescoring request masks only that step's
+``episode_retries``; a policy request retries while its replica is down (up to
+``serve_retry_s``: Serve replaces a dead replica); a group that still cannot complete, or that
+fails in any other way, is dropped whole with its reason in the buffer's ledger, never silently
+skipped, and the worker goes on. A failed analyzer or rescoring request masks only that step's
 self-distillation (d = 0, no target), is counted (``analyzer_errors``, ``score_errors``), and
 the worker goes on. A step without guidance is not rescored (it has no target; NaN log-probs).
 """
@@ -30,6 +32,7 @@ from env_client.tasks.sources import task_instance
 from serve_apps.prompting.messages import guidance_text, privileged_messages
 from serve_apps.prompting.styles import Screen, make_style
 from workflows.common.episodes import analyzer_request, play_with_retries
+from workflows.online_rl.buffer import group_id_of
 from workflows.online_rl.config import OnlineRLConfig
 from workflows.online_rl.fixed_guidance import fixed_judgment, load_guidance
 
@@ -119,6 +122,8 @@ class RolloutWorker:
             "t_score": 0.0,
             "analyzer_errors": 0,
             "score_errors": 0,
+            "policy_retries": 0,
+            "groups_failed": 0,
         }
         self._latency: Any = None
         self._steps_counter: Any = None
@@ -157,24 +162,44 @@ class RolloutWorker:
         while not self._stopping:
             # The served version moves without us (hot-swap, resume): ask before the
             # staleness check, or a worker that knows an old version would wait forever.
-            status = await self.policy.weight_status.remote()
+            status = await self._policy_call("weight_status")
             self.served_version = max(self.served_version, int(status["version"]))
-            seq = await self.buffer.acquire.remote(self.served_version)
+            seq = await self.buffer.acquire.remote(self.served_version, self.worker_index)
             if seq is None:
                 return
+            group_id = group_id_of(seq)
             index = await self.buffer.task_for.remote(seq)  # the job's task order
             task = task_instance(
                 self.tasks[index % len(self.tasks)], seq
             )  # one instance for all G episodes
             try:
-                rows, successes = await self.play_group(task, f"g{seq:06d}")
-            except (GroupFailed, asyncio.CancelledError) as exc:
-                reason = "failed" if isinstance(exc, GroupFailed) else "cancelled"
-                await self.buffer.drop_group.remote(reason)
-                if reason == "cancelled":
-                    raise
+                rows, successes = await self.play_group(task, group_id)
+            except asyncio.CancelledError:
+                await asyncio.shield(self.buffer.drop_group.remote("cancelled", group_id))
+                raise
+            except Exception as exc:  # GroupFailed, or anything unforeseen: never the worker
+                self._count_error("groups_failed", exc)
+                await self.buffer.drop_group.remote("failed", group_id)
                 continue
-            await self.buffer.put_group.remote(rows[0]["group_id"], rows, successes)
+            await self.buffer.put_group.remote(group_id, rows, successes)
+
+    async def _policy_call(self, method: str, *args: Any) -> Any:
+        """A policy app request, retried while its replica is down (a killed replica fails the
+        requests it held; Serve starts a replacement, which catches up with the latest weights).
+        Backoff 1, 2, 4 … 15 s, for up to ``rollout.serve_retry_s``."""
+        deadline = time.monotonic() + self.cfg.rollout.serve_retry_s
+        delay = 1.0
+        while True:
+            try:
+                return await getattr(self.policy, method).remote(*args)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                self._count_error("policy_retries", exc)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 15.0)
 
     async def play_group(self, task: dict[str, Any], group_id: str) -> tuple[list[dict], int]:
         g = self.cfg.rollout.group_size
@@ -252,7 +277,7 @@ class RolloutWorker:
         step (its remaining fields), and whether the episode is over."""
         messages, shown = self.style.prompt(ep.instruction, ep.screens, ep.history)
         t0 = time.perf_counter()
-        gen = await self.policy.generate.remote({"messages": messages, "images": shown})
+        gen = await self._policy_call("generate", {"messages": messages, "images": shown})
         t1 = time.perf_counter()
         self.served_version = max(self.served_version, gen["weight_version"])
         before = ep.screens[-1]
