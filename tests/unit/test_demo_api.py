@@ -102,6 +102,42 @@ def test_a_1mb_instruction_is_refused_unread(demo) -> None:
     assert manager.episodes == {}
 
 
+def test_a_chunked_body_over_the_limit_is_413_unparsed(demo) -> None:
+    """A body without Content-Length was parsed whole (a 422 naming its fields); it is now
+    counted as it arrives and refused past the limit."""
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    url, manager = demo
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    body = b"{" * ((64 << 10) + 1)  # not even JSON: parsing it would answer 422
+    conn.request(
+        "POST", "/api/episodes", body=iter([body]), encode_chunked=True,
+        headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"},
+    )  # fmt: skip
+    answer = conn.getresponse()
+    status, error = answer.status, json.loads(answer.read())["error"]
+    conn.close()
+    assert status == 413 and "over the demo's limit" in error and "at most 65536" in error
+    assert manager.episodes == {}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("seed", True), ("seed", "1"), ("seed", 1.0), ("temperature", "0.5"), ("temperature", True)],
+)
+def test_fields_of_the_wrong_json_type_are_refused(demo, field, value) -> None:
+    """``"seed": true`` was read as seed 1 (and ``"0.5"`` as 0.5): an episode was started."""
+    url, manager = demo
+    status, body = _start(url, **{field: value})
+    assert status == 422 and field in body["error"]
+    status, body = call("PUT", f"{url}/api/episodes/abc123/temperature", {"temperature": "0.5"})
+    assert status == 422 and "temperature" in body["error"]
+    assert manager.episodes == {}
+
+
 def test_invalid_fields_are_named(demo) -> None:
     url, manager = demo
     status, body = _start(url, temperature=-1)

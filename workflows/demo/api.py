@@ -2,7 +2,8 @@
 
 Every refusal is a 4xx/5xx JSON body ``{"ok": false, "error": "<what and why>"}`` that the page
 shows as it is: unknown task or split (404), a body over ``demo.max_body_bytes`` (413, refused
-before it is read: a 1 MB instruction never reaches the parser), an instruction over
+before it is parsed: a declared length unread, a chunked body once it passes the limit; a 1 MB
+instruction never reaches the parser), a field of the wrong JSON type, an instruction over
 ``demo.max_instruction_chars`` or another invalid field (422, naming the field), every episode
 slot taken (429), no free desktop (503), a run folder or step that does not exist (404).
 
@@ -35,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from env_client.tasks.sources import TaskSource
+from serve_apps.openai_api import BodyLimit
 from workflows.demo.config import DemoConfig
 from workflows.demo.live import DemoError, EpisodeManager, draw_seed
 from workflows.demo.viewer import Only, RunIndex, ViewerError
@@ -43,9 +45,11 @@ PAGE = Path(__file__).with_name("page.html")
 
 
 class StartRequest(BaseModel):
-    """Start an episode: a task of a split, optionally with a typed instruction."""
+    """Start an episode: a task of a split, optionally with a typed instruction. Strict types
+    (the page sends JSON numbers): ``"seed": true`` or ``"temperature": "0.5"`` is refused, not
+    read as 1 and 0.5."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     task: str = Field(min_length=1, max_length=200, description="Task name of the split.")
     split: str = Field("train", min_length=1, max_length=100)
@@ -55,7 +59,7 @@ class StartRequest(BaseModel):
 
 
 class TemperatureRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     temperature: float | None = Field(None, ge=0.0, le=10.0)
 
@@ -138,7 +142,27 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
-def _add_error_handlers(app: FastAPI, body_limit: int, max_chars: int) -> None:
+class DemoBodyLimit(BodyLimit):
+    """The OpenAI endpoint's body limit (a declared Content-Length over the limit is refused
+    before a byte is read; a chunked body is counted as it arrives and refused once over it, so
+    the app never parses it), answering 413 in the demo's error shape: only ``_refuse``, the
+    one place it answers, is replaced."""
+
+    def __init__(self, app: Any, max_bytes: int, max_chars: int) -> None:
+        super().__init__(app, max_bytes)
+        self.max_chars = max_chars
+
+    async def _refuse(self, send: Any) -> None:
+        answer = _error(
+            f"request body is over the demo's limit: it accepts at most {self.max_bytes} bytes "
+            f"(an instruction is at most {self.max_chars} characters)",
+            413,
+        )
+        await send({"type": "http.response.start", "status": 413, "headers": answer.raw_headers})
+        await send({"type": "http.response.body", "body": answer.body})
+
+
+def _add_error_handlers(app: FastAPI) -> None:
     async def demo_error(request: Request, exc: Exception) -> JSONResponse:
         return _error(str(exc), getattr(exc, "status", 400))
 
@@ -156,24 +180,15 @@ def _add_error_handlers(app: FastAPI, body_limit: int, max_chars: int) -> None:
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(StarletteHTTPException, http_error)
 
-    @app.middleware("http")
-    async def body_limit_check(request: Request, call_next: Any) -> Response:
-        # Refused on the declared length, before a byte is read or parsed.
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > body_limit:
-            return _error(
-                f"request body is {int(declared)} bytes; the demo accepts at most {body_limit} "
-                f"(an instruction is at most {max_chars} characters)",
-                413,
-            )
-        return await call_next(request)
-
 
 def build_api(service: DemoService) -> FastAPI:
     """The page and its API over ``service``."""
     cfg = service.cfg.demo
     app = FastAPI(title="ComputerSD demo", docs_url=None, redoc_url=None, openapi_url=None)
-    _add_error_handlers(app, cfg.max_body_bytes, cfg.max_instruction_chars)
+    _add_error_handlers(app)
+    app.add_middleware(
+        DemoBodyLimit, max_bytes=cfg.max_body_bytes, max_chars=cfg.max_instruction_chars
+    )
     _episode_routes(app, service)
     _viewer_routes(app, service.index)
     page = PAGE.read_text()
