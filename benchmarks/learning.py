@@ -97,7 +97,7 @@ def diagnostics(run_dir: Path) -> dict[str, Any]:
     train = [r for r in read_jsonl(run_dir / "train_metrics.jsonl") if "loss/pg" in r]
     rows = [
         r
-        for folder in ("taken", "pending", "zero_grad")
+        for folder in ("trained", "taken", "pending", "zero_grad", "purged")
         for p in sorted((run_dir / "trajectories" / folder).glob("*.parquet"))
         for r in pq.read_table(p, columns=["group_id", "episode_id", "reward"]).to_pylist()
     ]

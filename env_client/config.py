@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from env_client.desktop.config import DesktopConfig
+
 # setTimeout() delays above 2**31-1 ms overflow and fire at once, so MiniWoB's episode timer can
 # be lifted to at most ~24.8 days.
 MAX_EPISODE_TIME_S = (2**31 - 1) // 1000
@@ -94,10 +96,18 @@ def _env_or(name: str, default: str) -> str:
 
 
 class EmbeddedEnvConfig(BaseModel):
-    """The embedded MiniWoB++ environment server (one headless Chromium per session)."""
+    """The embedded environment server: MiniWoB++ in headless Chromium (one browser per
+    session), or real desktops (``backend="desktop"``: one X desktop or OSWorld machine per
+    session, see ``desktop``)."""
 
     model_config = ConfigDict(extra="forbid")
 
+    backend: Literal["miniwob", "desktop"] = Field(
+        "miniwob", description="miniwob: MiniWoB++ pages in Chromium; desktop: real desktops."
+    )
+    desktop: DesktopConfig = Field(
+        default_factory=DesktopConfig, description="The desktop backend (backend='desktop')."
+    )
     host: str = Field("127.0.0.1", description="Interface to bind.")
     port: int = Field(0, ge=0, le=65535, description="TCP port; 0 picks a free one.")
     capacity: int = Field(4, ge=1, le=64, description="Most browsers (= live sessions) at once.")

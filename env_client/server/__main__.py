@@ -1,6 +1,9 @@
-"""Run the embedded MiniWoB++ environment server.
+"""Run the embedded environment server (MiniWoB++ by default, or real desktops).
 
     python -m env_client.server --port 8765 --capacity 4
+    python -m env_client.server --backend desktop --capacity 2      # local X desktops
+    python -m env_client.server --backend desktop \
+        --desktop-json '{"kind": "remote", "remote_urls": ["http://10.0.0.5:5000"]}'
     python -m env_client.server --config-json '{"capacity": 2, "screen_width": 320, ...}'
 
 Flags override fields of ``--config-json`` (an EmbeddedEnvConfig). With ``--ready-file`` the
@@ -24,6 +27,7 @@ from pathlib import Path
 from env_client.config import EmbeddedEnvConfig
 
 _FLAGS = {
+    "backend": str,
     "host": str,
     "port": int,
     "capacity": int,
@@ -47,6 +51,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[EmbeddedEnvConfig, argpar
     for name, typ in _FLAGS.items():
         field = EmbeddedEnvConfig.model_fields[name]
         p.add_argument(f"--{name.replace('_', '-')}", type=typ, help=field.description)
+    p.add_argument("--desktop-json", help="DesktopConfig as JSON (backend desktop).")
     p.add_argument("--fault-api", action="store_true", help="Serve /v1/faults (tests only).")
     p.add_argument("--ready-file", type=Path, help="Write {url, pid} here when ready.")
     p.add_argument("--parent-pid", type=int, help="Exit when this process is gone.")
@@ -55,6 +60,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[EmbeddedEnvConfig, argpar
     data.update({k: v for k in _FLAGS if (v := getattr(args, k)) is not None})
     if args.fault_api:
         data["fault_api"] = True
+    if args.desktop_json:
+        data["desktop"] = {**data.get("desktop", {}), **json.loads(args.desktop_json)}
     return EmbeddedEnvConfig.model_validate(data), args
 
 

@@ -34,11 +34,13 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from env_client.a11y import to_xml
-from env_client.commands import CommandError, Op, parse_command
+from env_client.commands import CommandError, parse_command
 from env_client.config import EmbeddedEnvConfig, FaultRule
+from env_client.desktop.setup import SetupError
 from env_client.server.browser import RawObservation, TaskError, task_page
 from env_client.server.faults import FaultBook
 from env_client.server.sessions import Answer, EnvSession, SessionGone, SessionManager
+from env_client.tasks.sources import TaskFileError
 
 log = logging.getLogger(__name__)
 MANAGER_KEY = web.AppKey("manager", SessionManager)
@@ -70,8 +72,10 @@ async def envelope(request: web.Request, handler: Callable[..., Awaitable[Any]])
         return await handler(request)
     except SessionGone as exc:
         return _error(str(exc), exc.status)
-    except (BadRequest, TaskError, CommandError) as exc:
+    except (BadRequest, TaskError, CommandError, TaskFileError) as exc:
         return _error(str(exc), 400)
+    except SetupError as exc:  # the task's setup cannot run on this desktop: not retried
+        return _error(str(exc), 422)
     except web.HTTPRequestEntityTooLarge:  # chunked bodies: aiohttp counts while reading
         return _too_large(limit)
     except web.HTTPNotFound:
@@ -290,7 +294,7 @@ class EnvServer:
         """Run browser code; a browser that stopped answering loses its session (410)."""
         try:
             return await session.desktop.run(fn, *args)
-        except (TaskError, CommandError):
+        except (TaskError, CommandError, TaskFileError, SetupError):
             raise
         except Exception as exc:
             browser = session.desktop.browser
@@ -301,7 +305,10 @@ class EnvServer:
             raise SessionGone(410, f"session {session.session_id} lost: the browser died") from exc
 
     def _obs(self, raw: RawObservation) -> dict[str, Any]:
-        tree = to_xml(raw.nodes, self.cfg.screen_width, self.cfg.screen_height)
+        if "accessibility_tree" in raw.meta:  # a desktop's own tree (OSWorld's, or ours)
+            tree = raw.meta["accessibility_tree"]
+        else:
+            tree = to_xml(raw.nodes, self.cfg.screen_width, self.cfg.screen_height)
         return {
             "modalities": {
                 "screenshot": base64.b64encode(raw.png).decode("ascii"),
@@ -311,25 +318,29 @@ class EnvServer:
         }
 
     async def _reset(self, session: EnvSession, body: dict[str, Any]) -> Answer:
-        task, seed = _task_of(body.get("task_payload"))
+        task, seed = _task_of(body.get("task_payload"), self.cfg.backend)
         browser = session.desktop.browser
         utterance, fields = await self._browser(session, browser.reset, task, seed)
-        session.task, session.seed, session.instruction = task, seed, utterance
+        name = task if isinstance(task, str) else str(task.get("id"))
+        session.task, session.seed, session.instruction = name, seed, utterance
         session.fields, session.control_done, session.episode_actions = fields, False, 0
         raw = await self._browser(session, browser.observe)
         return 200, {
             "ok": True,
             "observation": self._obs(raw),
             "instruction": utterance,
-            "info": {"task": task, "seed": seed},
+            "info": {"task": name, "seed": seed},
         }
 
     async def _step(self, session: EnvSession, body: dict[str, Any]) -> Answer:
         if session.task is None:
             raise BadRequest(f"session {session.session_id} has no episode: reset it first")
-        ops, control = _action_of(body.get("action"))
+        ops, control = _action_of(body.get("action"), self.cfg.backend)
         pause = _pause_of(body.get("pause", 0.0), self.cfg.max_pause_s)
         info: dict[str, Any] = {}
+        note = getattr(session.desktop.browser, "note_control", None)
+        if control is not None and note is not None:  # OSWorld scores a final FAIL
+            await session.desktop.run(note, control)
         if control in ("DONE", "FAIL"):
             session.control_done = True
             info["control"] = control
@@ -392,10 +403,15 @@ class EnvServer:
         return web.json_response(answer, status=status)
 
 
-def _task_of(payload: Any) -> tuple[str, Any]:
-    """(MiniWoB task, seed) of a task payload; a missing seed draws one."""
+def _task_of(payload: Any, backend: str = "miniwob") -> tuple[Any, Any]:
+    """(MiniWoB task, seed) of a task payload; a missing seed draws one. The desktop backend
+    takes the whole OSWorld task (validated here: TaskFileError names the field)."""
     if not isinstance(payload, dict):
         raise BadRequest("task_payload must be a JSON object")
+    if backend == "desktop":
+        from env_client.desktop.tasks import check_task
+
+        return check_task(payload), None
     env = payload.get("env", "miniwob")
     if env != "miniwob":
         raise BadRequest(f"this server runs MiniWoB tasks (env 'miniwob'), not env={env!r}")
@@ -411,8 +427,13 @@ def _task_of(payload: Any) -> tuple[str, Any]:
     return task, seed
 
 
-def _action_of(action: Any) -> tuple[list[Op], str | None]:
-    """(GUI operations, control type) of an ACTION dict."""
+def _action_of(action: Any, backend: str = "miniwob") -> tuple[list[Any], str | None]:
+    """(GUI operations, control type) of an ACTION dict. The desktop backend also takes
+    OSWorld computer_13 actions (mapped onto the same whitelisted operations)."""
+    if backend == "desktop":
+        from env_client.desktop.computer13 import action_ops
+
+        return action_ops(action)
     if not isinstance(action, dict):
         raise BadRequest("action must be a JSON object")
     kind, typ = action.get("kind"), action.get("type")

@@ -44,10 +44,19 @@ class SessionGone(Exception):
         self.status = status
 
 
-class Desktop:
-    """A browser and the one thread allowed to drive it."""
+def make_backend(cfg: EmbeddedEnvConfig, index: int) -> Any:
+    """The configured backend object: a MiniWoB browser or a desktop (same duck type)."""
+    if cfg.backend == "desktop":
+        from env_client.desktop.backend import DesktopBackend
 
-    def __init__(self, browser: MiniWoBBrowser) -> None:
+        return DesktopBackend(cfg.desktop, index)
+    return MiniWoBBrowser(cfg, index)
+
+
+class Desktop:
+    """A backend object (browser or desktop) and the one thread allowed to drive it."""
+
+    def __init__(self, browser: Any) -> None:
         self.browser = browser
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"browser-{browser.index}")
 
@@ -125,7 +134,7 @@ class SessionManager:
 
     async def _start_desktop(self) -> None:
         """Start one browser (``starting`` already counts it) and park it idle."""
-        browser = MiniWoBBrowser(self.cfg, next(self._browser_ids))
+        browser = make_backend(self.cfg, next(self._browser_ids))
         desktop = Desktop(browser)
         try:
             await asyncio.wait_for(desktop.run(browser.start), self.cfg.browser_start_timeout_s)
@@ -148,7 +157,9 @@ class SessionManager:
     async def _recycle(self, desktop: Desktop, session: EnvSession) -> None:
         """Give a desktop back once the session's running operation (if any) is over."""
         async with session.lock:
-            if desktop.browser.dead:
+            # A desktop backend is never reused: its processes, display and folder go with the
+            # session (a fresh one starts in well under a second).
+            if desktop.browser.dead or not getattr(desktop.browser, "reusable", True):
                 self.desktops.discard(desktop)
                 await desktop.close()
             else:

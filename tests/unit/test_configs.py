@@ -28,6 +28,33 @@ def test_embedded_default_is_cpu_sized() -> None:
     assert cfg.policy.backend.type == "transformers"
 
 
+def test_embedded_desktop_plays_the_built_in_desktop_tasks() -> None:
+    from env_client.tasks.sources import make_task_source
+
+    cfg = load_config(OnlineRLConfig, "embedded_desktop")
+    assert cfg.env.embedded.backend == "desktop" and cfg.env.server_url is None
+    source = make_task_source(cfg.task_source)
+    train, test = source.tasks("train"), source.tasks("eval")
+    assert len(train) + len(test) >= 24 and not {t["id"] for t in train} & {t["id"] for t in test}
+    assert {t["kind"] for t in train} >= {"os", "text_editor", "libreoffice_calc"}
+
+
+@pytest.mark.parametrize(
+    ("config", "overrides", "says"),
+    [
+        ("embedded", ["task_source.kind=osworld", "task_source.path=/x",
+                      "task_source.splits={train: t.json}"], "env.embedded.backend=desktop"),
+        ("embedded_desktop", ["task_source.kind=miniwob", "task_source.path=null",
+                              "task_source.splits={}"], "task_source.kind=osworld"),
+    ],
+)  # fmt: skip
+def test_a_task_source_the_embedded_backend_cannot_play_is_refused(
+    config: str, overrides: list[str], says: str
+) -> None:
+    with pytest.raises(ConfigError, match=says):
+        load_config(OnlineRLConfig, config, overrides)
+
+
 @pytest.mark.parametrize("name", ["production_qwen3vl", "production_evocua"])
 def test_production_configs_carry_method_defaults(
     name: str, monkeypatch: pytest.MonkeyPatch

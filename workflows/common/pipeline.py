@@ -126,7 +126,8 @@ def preflight_task(env: EnvClientConfig, url: str, task: dict[str, Any], source:
         raise RuntimeError(
             f"the environment service at {url} refused task {task.get('id')!r} of task source "
             f"{source!r}: {exc}. Does it serve this task source? (the embedded server runs "
-            "MiniWoB++ tasks only; OSWorld tasks need env.server_url of an OSWorld service)"
+            "MiniWoB++ tasks by default; OSWorld-format tasks need env.embedded.backend=desktop or "
+            "env.server_url of an OSWorld service)"
         ) from exc
 
 

@@ -1,6 +1,6 @@
 """Reading a run's step samples for the trajectory viewer (pyarrow only; no Ray, no torch).
 
-A run folder holds ``trajectories/{taken,pending,zero_grad}/*.parquet`` in the step-sample
+A run folder holds ``trajectories/{trained,pending,zero_grad,purged}/*.parquet`` in the step-sample
 schema (:mod:`train_loops.schema`). :class:`RunIndex` reads every shard's small columns once
 (screenshots and token ids stay on disk; the index is re-read when a shard appears, changes or
 moves) and answers selections by policy version, group and episode, optionally only failures
@@ -100,7 +100,7 @@ def _signature(shards: list[Path]) -> tuple[tuple[str, float, int], ...]:
     for s in shards:
         try:
             st = s.stat()
-        except FileNotFoundError:  # moved (pending → taken) since the listing
+        except FileNotFoundError:  # moved (pending → trained) since the listing
             continue
         out.append((str(s), st.st_mtime, st.st_size))
     return tuple(out)

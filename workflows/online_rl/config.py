@@ -207,10 +207,18 @@ class OnlineRLConfig(_Strict):
                 f"buffer.capacity_samples={self.buffer.capacity_samples} is smaller than "
                 f"trainer.samples_per_step={self.trainer.samples_per_step}: the trainer would wait forever"
             )
-        if self.task_source.kind != "miniwob" and not self.env.server_url:
+        backend = self.env.embedded.backend
+        embedded = not self.env.server_url
+        if self.task_source.kind == "osworld" and embedded and backend != "desktop":
             raise ValueError(
                 f"task_source.kind={self.task_source.kind!r} needs env.server_url (an OSWorld "
-                "service): the embedded server (env.server_url unset) runs MiniWoB tasks only"
+                "service) or env.embedded.backend=desktop: the embedded server's default backend "
+                "runs MiniWoB tasks only"
+            )
+        if self.task_source.kind == "miniwob" and embedded and backend == "desktop":
+            raise ValueError(
+                "env.embedded.backend=desktop plays OSWorld-format tasks: set task_source.kind="
+                "osworld (e.g. the built-in set, --config embedded_desktop)"
             )
         if self.rollout.history_screens > self.policy.max_images:
             raise ValueError(

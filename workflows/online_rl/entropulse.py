@@ -22,7 +22,7 @@ How the RL job uses it::
   is below ``threshold``, at least ``min_rl_steps`` RL steps after the start or the last phase,
   or (``schedule``) every ``every_rl_steps`` RL steps; never past ``max_phases``.
 - :meth:`Entropulse.run_phase` / :func:`run_sft_phase`: the buffer's step-sample shards
-  (``<run_dir>/trajectories/{pending,taken}/*.parquet``) with reward > ``min_reward`` become
+  (``<run_dir>/trajectories/{pending,trained}/*.parquet``) with reward > ``min_reward`` become
   SFT samples (``sft_sample_from_step``: imitate exactly the tokens the policy sampled on
   successes); ``build_sft_trainer`` runs ``sft_steps`` steps from the RL checkpoint with the RL
   trainer's layout (same workers, ZeRO stage, publication), so the served policy receives the
@@ -173,7 +173,7 @@ def _mean(values: list[float]) -> float | None:
 def successful_step_samples(
     trajectories_dir: str | Path, min_reward: float = 0.0, max_samples: int | None = None
 ) -> list[dict[str, Any]]:
-    """Step samples with reward > ``min_reward`` from the buffer's shards (pending and taken),
+    """Step samples with reward > ``min_reward`` from the buffer's shards (pending and trained),
     deduplicated by sample id, the most recent ``max_samples``."""
     import pyarrow.parquet as pq
 

@@ -1,0 +1,88 @@
+"""Typed configuration of the desktop backend (pydantic only: no torch, ray or aiohttp).
+
+One :class:`DesktopConfig` describes both kinds of desktop the backend drives: local X desktops
+(``kind="local"``: Xvfb + window manager + our in-desktop server) and remote OSWorld machines
+(``kind="remote"``: their in-VM servers at ``remote_urls``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_OPENERS = {
+    ".xlsx": ["soffice", "--calc", "--norestore", "--nologo"],
+    ".ods": ["soffice", "--calc", "--norestore", "--nologo"],
+    ".csv": ["soffice", "--calc", "--norestore", "--nologo"],
+    ".docx": ["soffice", "--writer", "--norestore", "--nologo"],
+    ".odt": ["soffice", "--writer", "--norestore", "--nologo"],
+    ".txt": ["mousepad"],
+    ".md": ["mousepad"],
+    ".py": ["mousepad"],
+    "/": ["pcmanfm"],
+}
+
+
+class DesktopConfig(BaseModel):
+    """The desktop backend of the environment server (``--backend desktop``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["local", "remote"] = Field(
+        "local",
+        description="local: an Xvfb desktop per session on this machine; remote: OSWorld "
+        "machines at remote_urls (one session per URL).",
+    )
+    remote_urls: list[str] = Field(
+        default_factory=list,
+        description="kind=remote: base URLs of OSWorld in-VM servers, e.g. http://10.0.0.5:5000.",
+    )
+    root: str = Field(
+        default_factory=lambda: os.path.join(tempfile.gettempdir(), "csd-desktops"),
+        description="Folder under which each local desktop gets its own session folder (HOME, "
+        "TMPDIR, caches); removed with the desktop.",
+    )
+    screen_width: int = Field(1024, ge=320, le=3840, description="Screen width, pixels.")
+    screen_height: int = Field(768, ge=240, le=2160, description="Screen height, pixels.")
+    window_manager: list[str] = Field(
+        default_factory=lambda: ["openbox"], description="Window manager command (local)."
+    )
+    openers: dict[str, list[str]] = Field(
+        default_factory=lambda: dict(DEFAULT_OPENERS),
+        description="File suffix -> command that opens it (the 'open' setup step; '/' is for "
+        "folders). The path is appended as the last argument.",
+    )
+    start_timeout_s: float = Field(30.0, gt=0, description="Desktop start (X + WM + server), s.")
+    request_timeout_s: float = Field(60.0, gt=0, description="One in-desktop HTTP request, s.")
+    execute_timeout_s: float = Field(
+        30.0, gt=0, le=600, description="A setup/getter command runs at most this long, s."
+    )
+    settle_s: float = Field(
+        0.15, ge=0, le=10, description="Wait after actions before the screenshot, s."
+    )
+    window_wait_s: float = Field(
+        15.0, gt=0, le=120, description="open/launch wait this long for a new window, s."
+    )
+    max_file_bytes: int = Field(
+        32 << 20, ge=1024, description="Largest file uploaded to or fetched from a desktop."
+    )
+    accessibility: bool = Field(
+        True, description="Send the window list as accessibility tree in every observation."
+    )
+    task_files_roots: list[str] = Field(
+        default_factory=list,
+        description="Folders that upload_file's local_path and local_file getters may read "
+        "from, besides the built-in task set's folder (env_client/tasks/desktop).",
+    )
+    type_delay_ms: int = Field(8, ge=0, le=200, description="xdotool delay between keys, ms.")
+
+    @model_validator(mode="after")
+    def _complete(self) -> DesktopConfig:
+        if self.kind == "remote" and not self.remote_urls:
+            raise ValueError("desktop.remote_urls: required for kind 'remote'")
+        if self.kind == "local" and self.remote_urls:
+            raise ValueError("desktop.remote_urls: only for kind 'remote'")
+        return self

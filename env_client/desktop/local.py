@@ -1,0 +1,329 @@
+"""One local desktop: a session folder, an Xvfb display, a window manager, our in-desktop server.
+
+Isolation and cleanup:
+- Everything the desktop writes goes under its session folder ``<root>/desk-<n>-<hex>``: HOME,
+  TMPDIR and the XDG folders point there, and the in-desktop server refuses file paths outside
+  it. ``close()`` removes the folder.
+- Every process is started with the desktop's tag in its environment (``CSD_DESKTOP_TAG``) and
+  in the desktop's process group (Xvfb's). ``close()`` kills the group, then any process still
+  carrying the tag (an app that started its own session), so nothing outlives the desktop.
+- ``revert()`` is the local stand-in for OSWorld's snapshot revert between episodes: every app
+  process of the desktop is killed and HOME is recreated from a fresh copy of the template (an
+  app profile prepared once per server, see :func:`prepare_template`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from env_client.desktop.config import DesktopConfig
+
+log = logging.getLogger(__name__)
+TAG_VAR = "CSD_DESKTOP_TAG"
+REQUIRED_BINARIES = ("Xvfb", "xdotool", "wmctrl")
+
+# LibreOffice settings of the template profile: no first-start and tip dialogs, no "keep
+# format?" question on saving .xlsx/.docx (it would make ctrl+s a two-step action), no
+# document-recovery dialog after an app was killed.
+_LO_SETTINGS = {
+    ("/org.openoffice.Office.Common/Save/Document", "WarnAlienFormat"): ("boolean", "false"),
+    ("/org.openoffice.Office.Common/Misc", "ShowTipOfTheDay"): ("boolean", "false"),
+    ("/org.openoffice.Office.Common/Misc", "FirstRun"): ("boolean", "false"),
+    ("/org.openoffice.Setup/Office", "ooSetupInstCompleted"): ("boolean", "true"),
+    ("/org.openoffice.Office.Recovery/RecoveryInfo", "Enabled"): ("boolean", "false"),
+    ("/org.openoffice.Office.Recovery/AutoSave", "Enabled"): ("boolean", "false"),
+    ("/org.openoffice.Office.Common/Save/Document", "CreateBackup"): ("boolean", "false"),
+}
+
+
+class DesktopStartError(RuntimeError):
+    """The desktop could not start; the message says which part and why."""
+
+
+def missing_binaries(cfg: DesktopConfig) -> list[str]:
+    """Programs a local desktop needs that are not on PATH (the WM included)."""
+    need = [*REQUIRED_BINARIES, cfg.window_manager[0]]
+    return [b for b in need if shutil.which(b) is None]
+
+
+def lo_registry() -> str:
+    """registrymodifications.xcu holding :data:`_LO_SETTINGS`."""
+    items = "\n".join(
+        f'<item oor:path="{path}"><prop oor:name="{name}" oor:op="fuse">'
+        f"<value>{value}</value></prop></item>"
+        for (path, name), (_, value) in _LO_SETTINGS.items()
+    )
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        '<oor:items xmlns:oor="http://openoffice.org/2001/registry" '
+        'xmlns:xs="http://www.w3.org/2001/XMLSchema" '
+        'xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance">\n'
+        f"{items}\n</oor:items>\n"
+    )
+
+
+def prepare_template(folder: Path) -> Path:
+    """The HOME every desktop starts from (made once per root): the usual folders and a
+    LibreOffice profile with the settings above."""
+    home = folder / "template-home"
+    if (home / ".ready").exists():
+        return home
+    for sub in ("Desktop", "Documents", "Downloads"):
+        (home / sub).mkdir(parents=True, exist_ok=True)
+    user = home / ".config" / "libreoffice" / "4" / "user"
+    user.mkdir(parents=True, exist_ok=True)
+    (user / "registrymodifications.xcu").write_text(lo_registry())
+    (home / ".ready").write_text("1")
+    return home
+
+
+class LocalDesktop:
+    """Start, revert and close one local desktop; ``url``/``token`` reach its server."""
+
+    def __init__(self, cfg: DesktopConfig, index: int) -> None:
+        self.cfg = cfg
+        self.index = index
+        self.tag = f"d{index}-{secrets.token_hex(6)}"
+        self.folder = Path(cfg.root).resolve() / f"desk-{self.tag}"
+        self.home = self.folder / "home"
+        self.token = secrets.token_urlsafe(24)
+        self.display: str | None = None
+        self.url: str | None = None
+        self.xvfb: subprocess.Popen[bytes] | None = None
+        self.core_pids: set[int] = set()
+        self.procs: list[subprocess.Popen[bytes]] = []  # waited for on close (no zombies)
+
+    # --- start -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        missing = missing_binaries(self.cfg)
+        if missing:
+            raise DesktopStartError(
+                f"missing programs {missing}: run scripts/setup_desktop.sh (opt-in set-up)"
+            )
+        self.folder.mkdir(parents=True, exist_ok=False)
+        self._fresh_home()
+        try:
+            self._start_x()
+            self._start_wm()
+            self._start_server()
+        except BaseException:
+            self.close()
+            raise
+
+    def env(self) -> dict[str, str]:
+        """The environment of every process of the desktop."""
+        keep = ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV")
+        env = {k: os.environ[k] for k in keep if k in os.environ}
+        tmp = self.folder / "tmp"
+        env.update(
+            HOME=str(self.home),
+            TMPDIR=str(tmp),
+            XDG_CONFIG_HOME=str(self.home / ".config"),
+            XDG_CACHE_HOME=str(self.home / ".cache"),
+            XDG_DATA_HOME=str(self.home / ".local" / "share"),
+            XDG_RUNTIME_DIR=str(tmp / "runtime"),
+            # No session bus or accessibility bus: apps would start daemons outside the group.
+            DBUS_SESSION_BUS_ADDRESS="disabled:",
+            NO_AT_BRIDGE="1",
+            SAL_USE_VCLPLUGIN="gen",  # LibreOffice's X11 UI: no GTK/dbus start-up cost
+            **{TAG_VAR: self.tag},
+        )
+        if self.display:
+            env["DISPLAY"] = self.display
+        return env
+
+    def _fresh_home(self) -> None:
+        template = prepare_template(self.folder.parent)
+        if self.home.exists():
+            shutil.rmtree(self.home)
+        shutil.copytree(template, self.home, ignore=shutil.ignore_patterns(".ready"))
+        tmp = self.folder / "tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "runtime").mkdir(parents=True)
+        (tmp / "runtime").chmod(0o700)
+
+    def _start_x(self) -> None:
+        read_fd, write_fd = os.pipe()
+        size = f"{self.cfg.screen_width}x{self.cfg.screen_height}x24"
+        self.xvfb = subprocess.Popen(
+            ["Xvfb", "-displayfd", str(write_fd), "-screen", "0", size, "-nolisten", "tcp"],
+            pass_fds=(write_fd,),
+            env=self.env(),
+            process_group=0,  # its own group, which every process of the desktop joins
+            stdout=subprocess.DEVNULL,
+            stderr=self._log("xvfb"),
+        )
+        os.close(write_fd)
+        self.core_pids.add(self.xvfb.pid)
+        self.procs.append(self.xvfb)
+        number = _read_display(read_fd, self.cfg.start_timeout_s)
+        if number is None:
+            raise DesktopStartError(f"Xvfb gave no display number; see {self.folder}/xvfb.log")
+        self.display = f":{number}"
+
+    def _log(self, name: str) -> int:
+        return os.open(self.folder / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def _spawn(self, argv: list[str], name: str) -> subprocess.Popen[bytes]:
+        assert self.xvfb is not None
+        proc = subprocess.Popen(
+            argv,
+            env=self.env(),
+            cwd=self.home,
+            process_group=self.xvfb.pid,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self._log(name),
+        )
+        self.core_pids.add(proc.pid)
+        self.procs.append(proc)
+        return proc
+
+    def _start_wm(self) -> None:
+        self._spawn(list(self.cfg.window_manager), "wm")
+
+    def _start_server(self) -> None:
+        ready = self.folder / "server.json"
+        argv = [
+            sys.executable,
+            "-m",
+            "env_client.desktop.vmserver",
+            f"--display={self.display}",
+            f"--root={self.folder}",
+            f"--width={self.cfg.screen_width}",
+            f"--height={self.cfg.screen_height}",
+            f"--openers={json.dumps(self.cfg.openers)}",
+            f"--exec-timeout={self.cfg.execute_timeout_s}",
+            f"--window-wait={self.cfg.window_wait_s}",
+            f"--type-delay-ms={self.cfg.type_delay_ms}",
+            f"--ready-file={ready}",
+        ]
+        proc = self._spawn_server(argv)
+        deadline = time.monotonic() + self.cfg.start_timeout_s
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise DesktopStartError(
+                    f"in-desktop server did not start; see {self.folder}/server.log"
+                )
+            time.sleep(0.05)
+        self.url = json.loads(ready.read_text())["url"]
+
+    def _spawn_server(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        # The server must import this project: run it from the project root.
+        project = Path(__file__).resolve().parents[2]
+        env = self.env()
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(project), env.get("PYTHONPATH")]))
+        env["CSD_DESKTOP_TOKEN"] = self.token
+        assert self.xvfb is not None
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=self.home,
+            process_group=self.xvfb.pid,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self._log("server"),
+        )
+        self.core_pids.add(proc.pid)
+        self.procs.append(proc)
+        return proc
+
+    # --- state -------------------------------------------------------------------------
+
+    def alive(self) -> bool:
+        """Xvfb and every core process still run."""
+        return bool(self.core_pids) and all(_running(p) for p in self.core_pids)
+
+    def pids(self) -> set[int]:
+        """Every live process of this desktop (by tag), the core ones included."""
+        return tagged_pids(TAG_VAR, self.tag)
+
+    # --- revert and close --------------------------------------------------------------
+
+    def revert(self) -> None:
+        """Kill the desktop's apps and give it a fresh HOME (the episode's clean state)."""
+        apps = self.pids() - self.core_pids
+        _kill_all(apps)
+        self._fresh_home()
+
+    def kill_apps(self) -> int:
+        """Kill every app of the desktop (not X, the WM or the server); how many died."""
+        apps = self.pids() - self.core_pids
+        _kill_all(apps)
+        return len(apps)
+
+    def close(self) -> None:
+        """Kill every process of the desktop and remove its folder (idempotent)."""
+        if self.xvfb is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.xvfb.pid, signal.SIGKILL)
+        _kill_all(self.pids())
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+        self.procs.clear()
+        self.core_pids.clear()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _read_display(fd: int, timeout_s: float) -> int | None:
+    import select
+
+    try:
+        got = b""
+        deadline = time.monotonic() + timeout_s
+        while not got.endswith(b"\n") and time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if ready:
+                chunk = os.read(fd, 64)
+                if not chunk:
+                    break
+                got += chunk
+        text = got.decode().strip()
+        return int(text) if text.isdigit() else None
+    finally:
+        os.close(fd)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def tagged_pids(var: str, tag: str) -> set[int]:
+    """Live processes whose environment holds ``var=tag`` (reads /proc; our own user's)."""
+    want = f"{var}={tag}".encode()
+    found = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                if want in f.read().split(b"\0") and _running(int(entry.name)):
+                    found.add(int(entry.name))
+        except OSError:  # gone meanwhile, or not ours
+            continue
+    return found
+
+
+def _kill_all(pids: set[int], timeout_s: float = 5.0) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(_running(p) for p in pids):
+        time.sleep(0.02)

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Opt-in set-up of the `desktop` environment backend (issue 14): the Debian packages a local
+# desktop session runs (Xvfb, a window manager, xdotool, a terminal, a text editor, a file
+# manager, LibreOffice Calc and Writer) and the Python libraries its evaluators read files
+# with. Not needed for the default tests; the desktop tests skip without it.
+#
+#     bash scripts/setup_desktop.sh          # idempotent: a second run checks and returns
+#
+# Environment: CSD_VENV (default .venv), the virtualenv that gets the Python libraries.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+VENV=${CSD_VENV:-.venv}
+
+say() { printf '[setup-desktop] %s\n' "$*"; }
+
+# Binary -> Debian package; only the missing ones are installed.
+declare -A NEED=(
+    [Xvfb]=xvfb
+    [xdotool]=xdotool
+    [wmctrl]=wmctrl
+    [openbox]=openbox
+    [xterm]=xterm
+    [mousepad]=mousepad
+    [pcmanfm]=pcmanfm
+    [localc]=libreoffice-calc
+    [lowriter]=libreoffice-writer
+)
+missing=()
+for bin in "${!NEED[@]}"; do
+    command -v "$bin" >/dev/null || missing+=("${NEED[$bin]}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    say "installing ${missing[*]} (once; a few minutes)"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq >/dev/null
+    # No recommends: LibreOffice's recommends pull in Java and hundreds of MiB of fonts/help.
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" fonts-liberation2 x11-utils wmctrl >/dev/null
+fi
+
+if [ -x "$VENV/bin/python" ]; then
+    if ! "$VENV/bin/python" -c "import openpyxl, docx" 2>/dev/null; then
+        say "installing openpyxl, python-docx into $VENV"
+        "$VENV/bin/python" -m pip install -q --disable-pip-version-check openpyxl python-docx
+    fi
+else
+    say "no virtualenv at $VENV yet: run scripts/setup.sh, then this script again"
+    exit 1
+fi
+say "ready: $(Xvfb -version 2>&1 | grep -m1 -o 'X.Org X Server [0-9.]*'), $(soffice --version 2>/dev/null | cut -d' ' -f1-2)"
