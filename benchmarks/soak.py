@@ -252,6 +252,10 @@ class RayCluster:
         self.port, self.dashboard_port = free_port(), free_port()
         self.dashboard = f"http://127.0.0.1:{self.dashboard_port}"
         self.folder = folder
+        # Ray >= 2.59 turns token auth on for a cluster when ~/.ray/auth_token exists (any
+        # earlier local ray.init writes one): say so explicitly, for the cluster and for this
+        # process's job and state clients alike, which then send the token.
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
         # ray job stop waits this long after SIGTERM before it kills: the job's clean stop.
         self.env = {**os.environ, "RAY_JOB_STOP_WAIT_TIME_S": "60", "COMPUTERSD_SOAK": marker}
         self.ray = str(Path(sys.executable).with_name("ray"))
@@ -264,7 +268,7 @@ class RayCluster:
             subprocess.run(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, check=True)
         from ray.job_submission import JobSubmissionClient
 
-        wait_for(lambda: bool(JobSubmissionClient(self.dashboard)), 120, "Ray dashboard", 2.0)
+        wait_for(lambda: bool(JobSubmissionClient(self.dashboard)), 300, "Ray dashboard", 2.0)
         self.jobs = JobSubmissionClient(self.dashboard)
 
     def actors(self, class_prefix: str) -> list[dict[str, Any]]:
