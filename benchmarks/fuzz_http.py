@@ -414,7 +414,7 @@ def env_probes(
     target: EnvTarget,
 ) -> list[tuple[Callable[[random.Random, EnvTarget], Probe], float]]:
     """(probe maker, weight) for this target."""
-    makers = [
+    makers: list[tuple[Callable[[random.Random, EnvTarget], Probe], float]] = [
         (_env_bad_json, 3.0),
         (_env_allocate_types, 2.0),
         (_env_unknown, 2.0),

@@ -46,7 +46,7 @@ def _alive(pid: int) -> bool:
 
 def kill_orphan_browsers(proc: Path = Path("/proc")) -> list[int]:
     """SIGKILL every process that names a dead server as its owner; returns their pids."""
-    killed = []
+    killed: list[int] = []
     if not proc.is_dir():
         return killed
     for entry in proc.iterdir():

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 @pytest.mark.timeout(1800)
 def test_short_soak_loses_nothing(tmp_path: Path) -> None:
     lines: list[str] = []
-    report = run_soak(SoakConfig(minutes=2.0, short=True, out=tmp_path, log=lines.append))
+    report = run_soak(SoakConfig(minutes=1.0, short=True, out=tmp_path, log=lines.append))
     log = "\n".join(lines + report.problems)
     assert [e["kind"] for e in report.fault_log if e["ok"]] != [], log
     assert {e["kind"] for e in report.fault_log if e["ok"]} == set(KINDS), log

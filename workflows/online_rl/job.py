@@ -112,7 +112,7 @@ def published_version(cfg: OnlineRLConfig) -> int:
     with contextlib.suppress(Exception):
         name = registry_actor_name(policy_registry(cfg))
         registry = ray.get_actor(name, namespace=cfg.policy.weights.namespace)
-        latest = ray.get(registry.latest_version.remote(), timeout=30)
+        latest: Any = ray.get(registry.latest_version.remote(), timeout=30)
         versions.append(int(latest or 0))
     return max(versions, default=0)
 
