@@ -6,7 +6,8 @@
 #
 #     bash scripts/setup_desktop.sh          # idempotent: a second run checks and returns
 #
-# Environment: CSD_VENV (default .venv), the virtualenv that gets the Python libraries.
+# Environment: CSD_VENV (default .venv), the virtualenv that gets the Python libraries;
+# CSD_DESKTOP_USER (default csd-desktop), the user desktops run as when the server is root.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${CSD_VENV:-.venv}
@@ -36,6 +37,16 @@ if [ ${#missing[@]} -gt 0 ]; then
     # No recommends: LibreOffice's recommends pull in Java and hundreds of MiB of fonts/help.
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
         "${missing[@]}" fonts-liberation2 x11-utils wmctrl >/dev/null
+fi
+
+# The unprivileged user a root server runs each desktop's apps, terminal and setup commands as
+# (DesktopConfig.desktop_user): no password, no home of its own (each desktop gives it one),
+# bash as shell (the terminal starts the passwd shell), no groups besides its own.
+DESKTOP_USER=${CSD_DESKTOP_USER:-csd-desktop}
+if [ "$(id -u)" -eq 0 ] && ! id -u "$DESKTOP_USER" >/dev/null 2>&1; then
+    say "creating user $DESKTOP_USER"
+    useradd --system --user-group --shell /bin/bash --home-dir /nonexistent --no-create-home \
+        --comment "ComputerSD desktop apps" "$DESKTOP_USER"
 fi
 
 if [ -x "$VENV/bin/python" ]; then

@@ -153,7 +153,7 @@ class DesktopBackend:
         checked = check_task(task)
         self.task, self.last_control, self.evaluation = None, None, None
         if self.local is not None:
-            self.local.revert()
+            self.local.begin_episode()
         shutil.rmtree(self.cache_dir, ignore_errors=True)
         self.cache_dir.mkdir(parents=True)
         run_steps(self._ctx(), checked.get("config", []))
@@ -163,6 +163,8 @@ class DesktopBackend:
     def perform(self, ops: list[DesktopOp]) -> StepResult:
         assert self.client is not None
         self.evaluation = None
+        if self.local is not None:
+            self.local.used = True  # the next reset reverts, even without an episode before
         if not ops:
             return StepResult({}, 0)
         answer = self.client.perform(render_program(ops))

@@ -24,6 +24,10 @@ DEFAULT_OPENERS = {
     ".py": ["mousepad"],
     "/": ["pcmanfm"],
 }
+# LibreOffice started without a window or document; a later `soffice --calc file` hands the
+# file to it over its per-profile pipe (LibreOffice's own single-instance mechanism). Not
+# --invisible: an invisible instance opens the later documents invisible too.
+PREWARM_OFFICE = ("soffice", "--nodefault", "--norestore", "--nologo")
 
 
 class DesktopConfig(BaseModel):
@@ -78,6 +82,33 @@ class DesktopConfig(BaseModel):
         "from, besides the built-in task set's folder (env_client/tasks/desktop).",
     )
     type_delay_ms: int = Field(8, ge=0, le=200, description="xdotool delay between keys, ms.")
+    prewarm: list[list[str]] = Field(
+        default_factory=lambda: [list(PREWARM_OFFICE)],
+        description="Commands started in the background on a desktop that has not served an "
+        "episode yet (right after start and after each revert), so that the episode's 'open' "
+        "attaches to a running app instead of cold-starting it. The default is an invisible "
+        "LibreOffice without documents; [] turns it off (saves its memory on desktops that "
+        "never open an office file).",
+    )
+    desktop_user: str = Field(
+        "csd-desktop",
+        description="When the server runs as root: the unprivileged user that runs each "
+        "desktop's window manager, apps, terminal and setup commands and owns its HOME "
+        "(scripts/setup_desktop.sh creates it); the desktop does not start without it. '' "
+        "keeps root. A server that is not root runs everything as itself.",
+    )
+    desktop_network: bool = Field(
+        False,
+        description="With desktop_user: whether the desktop's apps may use the network. By "
+        "default they get an empty network namespace, so a command typed into the terminal "
+        "cannot reach this machine's services (the environment server, Ray's job API) or the "
+        "internet; the X display is reached through its socket file.",
+    )
+    warm_office_profile: bool = Field(
+        True,
+        description="Complete the template's LibreOffice profile by one headless start when "
+        "the server prepares it, so each desktop's first LibreOffice start skips that work.",
+    )
 
     @model_validator(mode="after")
     def _complete(self) -> DesktopConfig:

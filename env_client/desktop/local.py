@@ -10,27 +10,47 @@ Isolation and cleanup:
 - ``revert()`` is the local stand-in for OSWorld's snapshot revert between episodes: every app
   process of the desktop is killed and HOME is recreated from a fresh copy of the template (an
   app profile prepared once per server, see :func:`prepare_template`).
+
+Confinement (``cfg.desktop_user``): when the server runs as root, everything of the desktop an
+agent can drive (window manager, apps, terminal, setup commands) runs as an unprivileged user
+that owns HOME and TMPDIR and nothing else of the server's; a command typed into the terminal
+cannot write to the project or to root's files. Xvfb and the in-desktop server stay root (the
+server's interpreter may be unreadable to that user); the server starts every process as the
+user (:mod:`env_client.desktop.confine`; by default also without network) and hands it the
+files it uploads.
+
+Pre-warming (``cfg.prewarm``): a desktop that has not served an episode yet runs the prewarm
+commands in the background (by default an invisible LibreOffice with no document), started
+right after the desktop and after each revert, off the episode's critical path. The first
+episode's ``open`` then hands its file to the running LibreOffice instead of cold-starting one.
+``begin_episode()`` reverts only a desktop that has been used (an episode, or an action before
+one); a desktop that is still clean holds nothing but the template HOME and the document-less
+prewarmed apps, so nothing of an earlier episode can reach the next one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
+import pwd
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from env_client.desktop.config import DesktopConfig
+from env_client.desktop.confine import WRAPPERS, confined
 
 log = logging.getLogger(__name__)
 TAG_VAR = "CSD_DESKTOP_TAG"
-REQUIRED_BINARIES = ("Xvfb", "xdotool", "wmctrl")
+REQUIRED_BINARIES = ("Xvfb", "xdotool", "wmctrl", *WRAPPERS)
 
 # LibreOffice settings of the template profile: no first-start and tip dialogs, no "keep
 # format?" question on saving .xlsx/.docx (it would make ctrl+s a two-step action), no
@@ -72,19 +92,40 @@ def lo_registry() -> str:
     )
 
 
-def prepare_template(folder: Path) -> Path:
+def prepare_template(folder: Path, warm_office: bool = False) -> Path:
     """The HOME every desktop starts from (made once per root): the usual folders and a
-    LibreOffice profile with the settings above."""
+    LibreOffice profile with the settings above; with ``warm_office`` the profile is also
+    completed by one headless LibreOffice start (what a first start writes, done once)."""
     home = folder / "template-home"
     if (home / ".ready").exists():
         return home
-    for sub in ("Desktop", "Documents", "Downloads"):
-        (home / sub).mkdir(parents=True, exist_ok=True)
-    user = home / ".config" / "libreoffice" / "4" / "user"
-    user.mkdir(parents=True, exist_ok=True)
-    (user / "registrymodifications.xcu").write_text(lo_registry())
-    (home / ".ready").write_text("1")
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "template.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # desktops of several threads/processes share it
+        if (home / ".ready").exists():
+            return home
+        for sub in ("Desktop", "Documents", "Downloads"):
+            (home / sub).mkdir(parents=True, exist_ok=True)
+        user = home / ".config" / "libreoffice" / "4" / "user"
+        user.mkdir(parents=True, exist_ok=True)
+        (user / "registrymodifications.xcu").write_text(lo_registry())
+        if warm_office and shutil.which("soffice"):
+            _warm_office(home)
+        (home / ".ready").write_text("1")
     return home
+
+
+def _warm_office(home: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL")}
+    env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"))
+    env.update(XDG_CACHE_HOME=str(home / ".cache"), DBUS_SESSION_BUS_ADDRESS="disabled:")
+    argv = ["soffice", "--headless", "--norestore", "--terminate_after_init"]
+    try:
+        subprocess.run(argv, env=env, cwd=home, capture_output=True, timeout=60, check=False)
+    except subprocess.TimeoutExpired:
+        log.warning("warming the LibreOffice profile timed out; the template stays cold")
+    for junk in (".cache", ".local"):
+        shutil.rmtree(home / junk, ignore_errors=True)
 
 
 class LocalDesktop:
@@ -102,6 +143,8 @@ class LocalDesktop:
         self.xvfb: subprocess.Popen[bytes] | None = None
         self.core_pids: set[int] = set()
         self.procs: list[subprocess.Popen[bytes]] = []  # waited for on close (no zombies)
+        self.used = False  # has served an episode (or an action) since start or the last revert
+        self.user: tuple[int, int] | None = None  # (uid, gid) of the desktop's processes
 
     # --- start -------------------------------------------------------------------------
 
@@ -111,12 +154,21 @@ class LocalDesktop:
             raise DesktopStartError(
                 f"missing programs {missing}: run scripts/setup_desktop.sh (opt-in set-up)"
             )
+        self.user = desktop_user(self.cfg)
         self.folder.mkdir(parents=True, exist_ok=False)
+        self.folder.chmod(0o755)  # root's logs and ready file; HOME and TMPDIR are the user's
+        if self.user is not None and not _traversable(self.folder, *self.user):
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise DesktopStartError(
+                f"user {self.cfg.desktop_user!r} cannot reach {self.folder}: put desktop.root "
+                "under folders others may enter (the default /tmp/csd-desktops is)"
+            )
         self._fresh_home()
         try:
             self._start_x()
             self._start_wm()
             self._start_server()
+            self._prewarm()
         except BaseException:
             self.close()
             raise
@@ -144,7 +196,7 @@ class LocalDesktop:
         return env
 
     def _fresh_home(self) -> None:
-        template = prepare_template(self.folder.parent)
+        template = prepare_template(self.folder.parent, self.cfg.warm_office_profile)
         if self.home.exists():
             shutil.rmtree(self.home)
         shutil.copytree(template, self.home, ignore=shutil.ignore_patterns(".ready"))
@@ -152,6 +204,10 @@ class LocalDesktop:
         shutil.rmtree(tmp, ignore_errors=True)
         (tmp / "runtime").mkdir(parents=True)
         (tmp / "runtime").chmod(0o700)
+        self.home.chmod(0o700)
+        if self.user is not None:
+            for top in (self.home, tmp):
+                _chown_tree(top, *self.user)
 
     def _start_x(self) -> None:
         read_fd, write_fd = os.pipe()
@@ -175,10 +231,10 @@ class LocalDesktop:
     def _log(self, name: str) -> int:
         return os.open(self.folder / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
-    def _spawn(self, argv: list[str], name: str) -> subprocess.Popen[bytes]:
+    def _spawn(self, argv: list[str], name: str, core: bool = True) -> subprocess.Popen[bytes]:
         assert self.xvfb is not None
         proc = subprocess.Popen(
-            argv,
+            confined(argv, self.user, self.cfg.desktop_network),
             env=self.env(),
             cwd=self.home,
             process_group=self.xvfb.pid,
@@ -186,9 +242,19 @@ class LocalDesktop:
             stdout=subprocess.DEVNULL,
             stderr=self._log(name),
         )
-        self.core_pids.add(proc.pid)
+        if core:
+            self.core_pids.add(proc.pid)
+        self.procs = [p for p in self.procs if p.poll() is None]  # reap the apps killed so far
         self.procs.append(proc)
         return proc
+
+    def _prewarm(self) -> None:
+        """Start the prewarm apps in the background (not waited for); revert kills them."""
+        for argv in self.cfg.prewarm:
+            if shutil.which(argv[0]) is None:
+                log.warning("prewarm: %s not installed; skipped", argv[0])
+                continue
+            self._spawn(list(argv), "prewarm", core=False)
 
     def _start_wm(self) -> None:
         self._spawn(list(self.cfg.window_manager), "wm")
@@ -209,6 +275,9 @@ class LocalDesktop:
             f"--type-delay-ms={self.cfg.type_delay_ms}",
             f"--ready-file={ready}",
         ]
+        if self.user is not None:
+            argv.append(f"--run-as={self.user[0]}:{self.user[1]}")
+            argv += [] if self.cfg.desktop_network else ["--no-network"]
         proc = self._spawn_server(argv)
         deadline = time.monotonic() + self.cfg.start_timeout_s
         while not ready.exists():
@@ -251,11 +320,21 @@ class LocalDesktop:
 
     # --- revert and close --------------------------------------------------------------
 
+    def begin_episode(self) -> None:
+        """The state an episode starts from: revert a used desktop, keep a clean one (and the
+        apps it is prewarming); either way the desktop counts as used from now on."""
+        if self.used:
+            self.revert()
+        self.used = True
+
     def revert(self) -> None:
-        """Kill the desktop's apps and give it a fresh HOME (the episode's clean state)."""
+        """Kill the desktop's apps, give it a fresh HOME (the episode's clean state) and start
+        the prewarm apps again."""
         apps = self.pids() - self.core_pids
         _kill_all(apps)
         self._fresh_home()
+        self.used = False
+        self._prewarm()
 
     def kill_apps(self) -> int:
         """Kill every app of the desktop (not X, the WM or the server); how many died."""
@@ -275,6 +354,39 @@ class LocalDesktop:
         self.procs.clear()
         self.core_pids.clear()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def desktop_user(cfg: DesktopConfig) -> tuple[int, int] | None:
+    """(uid, gid) the desktop's processes run as; None: the server's own user."""
+    if os.geteuid() != 0 or not cfg.desktop_user:
+        return None
+    try:
+        entry = pwd.getpwnam(cfg.desktop_user)
+    except KeyError:
+        raise DesktopStartError(
+            f"no user {cfg.desktop_user!r} to run the desktop as (the server is root): run "
+            "scripts/setup_desktop.sh, or set desktop.desktop_user='' to run apps as root"
+        ) from None
+    if entry.pw_uid == 0:
+        raise DesktopStartError(f"desktop_user {cfg.desktop_user!r} is root")
+    return entry.pw_uid, entry.pw_gid
+
+
+def _traversable(folder: Path, uid: int, gid: int) -> bool:
+    """Whether ``uid``/``gid`` (no other groups) may enter ``folder`` and all its parents."""
+    for p in [folder, *folder.parents]:
+        st = p.stat()
+        bit = stat.S_IXUSR if st.st_uid == uid else stat.S_IXGRP if st.st_gid == gid else 0o001
+        if not st.st_mode & bit:
+            return False
+    return True
+
+
+def _chown_tree(top: Path, uid: int, gid: int) -> None:
+    os.chown(top, uid, gid, follow_symlinks=False)
+    for base, dirs, files in os.walk(top):
+        for name in dirs + files:
+            os.chown(os.path.join(base, name), uid, gid, follow_symlinks=False)
 
 
 def _read_display(fd: int, timeout_s: float) -> int | None:

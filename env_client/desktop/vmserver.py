@@ -22,6 +22,9 @@ Differences from OSWorld's server, on purpose:
 - Every file path must resolve inside ``--root`` (the session folder): a path outside is 403.
 - With ``--token`` every request must carry ``X-Desktop-Token`` (the server listens on
   127.0.0.1, but other local users must not drive the desktop).
+- With ``--run-as UID:GID`` (a root server) every process it starts (commands, launched apps,
+  opened files) runs as that user with no other groups (and with ``--no-network`` without
+  network, see :mod:`env_client.desktop.confine`), and uploaded files belong to it.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from typing import Any
 
 from env_client.a11y import to_xml
 from env_client.commands import CommandError
+from env_client.desktop.confine import confined
 from env_client.desktop.program import parse_program, program_of_execute
 from env_client.desktop.xinput import XInput
 
@@ -76,6 +80,11 @@ class Desktop:
         self.xinput = XInput(self.env, args.width, args.height, args.type_delay_ms)
         self.launched: list[subprocess.Popen[bytes]] = []
         self.input_lock = threading.Lock()  # one program at a time drives the pointer
+        self.user: tuple[int, int] | None = None
+        if args.run_as:
+            uid, gid = (int(v) for v in args.run_as.split(":"))
+            self.user = (uid, gid)
+        self.network = not args.no_network
 
     # --- paths -------------------------------------------------------------------------
 
@@ -89,14 +98,37 @@ class Desktop:
             raise ApiError(403, f"path {given!r} is outside the session folder")
         return p
 
+    def write_file(self, path: Path, data: bytes) -> None:
+        """Write an uploaded file (and its missing folders) as the desktop's user's; the last
+        component is never followed if it is a link (one made after ``path()`` checked)."""
+        missing = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+        try:
+            fd = os.open(path, flags, 0o644)
+        except OSError as exc:
+            raise ApiError(403, f"cannot write {path}: {exc.strerror}") from None
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if self.user is not None:
+                os.fchown(f.fileno(), *self.user)
+        if self.user is not None:
+            for folder in missing:
+                os.chown(folder, *self.user, follow_symlinks=False)
+
     # --- processes ---------------------------------------------------------------------
 
-    def run(self, command: Any, shell: bool) -> dict[str, Any]:
+    def argv(self, command: Any, shell: bool) -> list[str]:
+        """The argv that runs a request's command, as the desktop's user (``--run-as``)."""
         argv = _argv(command, shell)
+        full = ["/bin/sh", "-c", argv] if shell else argv
+        return confined(full, self.user, self.network)
+
+    def run(self, command: Any, shell: bool) -> dict[str, Any]:
+        argv = self.argv(command, shell)
         try:
             done = subprocess.run(
                 argv,
-                shell=shell,
                 cwd=self.home,
                 env=self.env,
                 capture_output=True,
@@ -120,11 +152,10 @@ class Desktop:
         return _status("success", json.dumps(result.as_dict()), "", 0)
 
     def launch(self, command: Any, shell: bool) -> subprocess.Popen[bytes]:
-        argv = _argv(command, shell)
+        argv = self.argv(command, shell)
         try:
             proc = subprocess.Popen(
                 argv,
-                shell=shell,
                 cwd=self.home,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
@@ -151,15 +182,22 @@ class Desktop:
             found.append({"id": int(wid, 16), "name": title, "box": [x, y, w, h]})
         return found
 
-    def wait_window(self, before: set[int], hint: str) -> bool:
-        """Wait until a window appears that was not there before (or one named like hint)."""
+    def wait_window(self, before: set[int], hint: str, title_grace_s: float = 3.0) -> bool:
+        """Wait until a window named like ``hint`` is there, or a window that was not there
+        before has had ``title_grace_s`` to take its title (an app maps its window before it
+        names it; the first observation should show the named, drawn window)."""
         deadline = time.monotonic() + self.window_wait
+        new_since: float | None = None
         while time.monotonic() < deadline:
             now = self.windows()
-            if any(w["id"] not in before or (hint and hint in w["name"]) for w in now):
+            if hint and any(hint in w["name"] for w in now):
                 return True
-            time.sleep(0.2)
-        return False
+            if any(w["id"] not in before for w in now):
+                new_since = time.monotonic() if new_since is None else new_since
+                if not hint or time.monotonic() - new_since >= title_grace_s:
+                    return True
+            time.sleep(0.1)
+        return new_since is not None
 
     def active_window(self) -> int | None:
         done = subprocess.run(
@@ -233,8 +271,7 @@ def upload(d: Desktop, req: Request) -> Reply:
     if "file_path" not in fields or "file_data" not in fields:
         raise ApiError(400, "upload needs multipart fields file_path and file_data")
     path = d.path(fields["file_path"].decode(errors="replace"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(fields["file_data"])
+    d.write_file(path, fields["file_data"])
     return _json({"status": "success", "message": f"uploaded {path}"})
 
 
@@ -418,6 +455,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--token", default=os.environ.pop("CSD_DESKTOP_TOKEN", None))
     p.add_argument("--ready-file", type=Path, help="Write {url, pid} here once listening.")
+    p.add_argument("--run-as", help="UID:GID that every started process runs as (root only).")
+    p.add_argument(
+        "--no-network", action="store_true", help="With --run-as: started processes get no network."
+    )
     return p.parse_args(argv)
 
 

@@ -160,8 +160,10 @@ class SessionManager:
             # A desktop backend is never reused: its processes, display and folder go with the
             # session (a fresh one starts in well under a second).
             if desktop.browser.dead or not getattr(desktop.browser, "reusable", True):
-                self.desktops.discard(desktop)
+                # Forgotten only once closed: a shutdown that cancels this close still finds
+                # the desktop in `desktops` and closes it (else its processes would outlive us).
                 await desktop.close()
+                self.desktops.discard(desktop)
             else:
                 self.idle.append(desktop)
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import tempfile
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from env_client.commands import KeysOp, PointerOp, TypeOp
 from env_client.desktop.backend import DesktopBackend
 from env_client.desktop.config import DesktopConfig
 from env_client.desktop.experts import builtin_tasks, expert_steps, play
-from env_client.desktop.local import TAG_VAR, missing_binaries, tagged_pids
+from env_client.desktop.local import TAG_VAR, desktop_user, missing_binaries, tagged_pids
 from env_client.desktop.setup import SetupError
 from env_client.observation import png_size
 
@@ -47,9 +49,18 @@ if _missing():
     )
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
 @pytest.fixture
-def cfg(tmp_path: Path) -> DesktopConfig:
-    return DesktopConfig(root=str(tmp_path / "desktops"))
+def cfg() -> Iterator[DesktopConfig]:
+    # Not under pytest's tmp_path: a root server's desktop user must be able to enter the root.
+    root = Path(tempfile.mkdtemp(prefix="csd-test-desktops-"))
+    root.chmod(0o711)
+    try:
+        yield DesktopConfig(root=str(root))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
@@ -184,3 +195,83 @@ def test_a_dead_x_server_is_detected_and_cleaned_up(cfg: DesktopConfig) -> None:
     finally:
         b.close()
     _gone([b])
+
+
+def _office_pids(b: DesktopBackend) -> set[int]:
+    assert b.local is not None
+    return {p for p in b.local.pids() if _comm(p) == "soffice.bin"}
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _wait(what: str, check: Callable[[], object], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_the_first_reset_attaches_to_the_prewarmed_office_and_the_next_starts_clean(
+    backend: DesktopBackend,
+) -> None:
+    """A fresh desktop prewarms LibreOffice with no window; the first Calc task's open hands
+    its file to it. The next reset kills it and everything of the episode (files, documents)
+    and prewarms a new one."""
+    assert backend.local is not None
+    _wait("the prewarmed LibreOffice", lambda: _office_pids(backend))
+    warm: set[int] = set()
+    while warm != _office_pids(backend):  # a first start restarts itself once
+        warm = _office_pids(backend)
+        time.sleep(1.0)
+    assert not backend.observe().nodes  # no window, no document
+    task = next(t for t in _all_tasks() if t["task"] == "calc-sum")
+    backend.reset(task)
+    assert warm <= _office_pids(backend)  # the prewarmed one serves the document
+    _wait("the launcher's client to exit", lambda: _office_pids(backend) == warm)  # no 2nd one
+    names = [n["name"] for n in backend.observe().nodes]
+    assert any("stock" in n for n in names), names
+    left = backend.local.home / "Documents" / "left-behind.txt"
+    left.write_text("episode 1")
+    other = next(t for t in _all_tasks() if t["task"] == "os-make-folder")
+    backend.reset(other)
+    assert not left.exists()
+    assert not (warm & backend.local.pids())  # the episode's LibreOffice is gone
+    assert not any("stock" in n["name"] for n in backend.observe().nodes)
+    _wait("a new prewarmed LibreOffice", lambda: _office_pids(backend))
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("xterm") is None, reason="confinement applies to root"
+)
+def test_commands_typed_into_the_terminal_cannot_write_outside_the_session(
+    backend: DesktopBackend,
+) -> None:
+    """The agent's terminal runs as the desktop user without network: root's home, the project
+    and this machine's services are out of reach, its own HOME is not (the control that the
+    typing really ran)."""
+    user = desktop_user(backend.cfg)
+    assert backend.local is not None and user is not None
+    task = next(t for t in _all_tasks() if t["task"] == "os-count-lines")  # opens an xterm
+    backend.reset(task)
+    tag = f"csd-confine-{os.getpid()}"
+    outside = [Path("/root") / tag, REPO / tag]
+    typed = " ; ".join(f"touch {p}" for p in [*outside, Path("~") / tag])
+    port = backend.local.url.rsplit(":", 1)[1]  # the in-desktop server, on this machine
+    typed += f" ; (echo > /dev/tcp/127.0.0.1/{port}) && touch ~/{tag}-net"
+    try:
+        backend.perform([TypeOp(typed + "\n")])
+        _wait("the typed command", lambda: (backend.local.home / tag).exists())
+        time.sleep(0.5)  # the network probe runs last
+        assert [p for p in outside if p.exists()] == []
+        assert not (backend.local.home / f"{tag}-net").exists()  # no network
+        assert (backend.local.home / tag).stat().st_uid == user[0]
+        xterms = [p for p in backend.local.pids() if _comm(p) == "xterm"]
+        assert xterms and all(os.stat(f"/proc/{p}").st_uid == user[0] for p in xterms)
+    finally:
+        for p in outside:
+            p.unlink(missing_ok=True)

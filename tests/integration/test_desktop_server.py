@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import tempfile
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,8 +40,10 @@ if _missing:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedServer, Path]]:
-    root = tmp_path_factory.mktemp("desktops")
+def server() -> Iterator[tuple[EmbeddedServer, Path]]:
+    # Not under pytest's tmp_path: a root server's desktop user must be able to enter the root.
+    root = Path(tempfile.mkdtemp(prefix="csd-test-desktops-"))
+    root.chmod(0o711)
     cfg = EmbeddedEnvConfig(
         backend="desktop",
         desktop=DesktopConfig(root=str(root)),
@@ -48,10 +51,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedS
         prewarm=1,
         allocate_retry_after_s=0.2,
     )
-    with start_embedded_server(cfg, timeout_s=60) as srv:
-        yield srv, root
-    assert not srv.alive()
-    assert not [p for p in root.iterdir() if p.name.startswith("desk-")]  # folders gone
+    try:
+        with start_embedded_server(cfg, timeout_s=60) as srv:
+            yield srv, root
+        assert not srv.alive()
+        assert not [p for p in root.iterdir() if p.name.startswith("desk-")]  # folders gone
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _client(url: str) -> EnvClient:
