@@ -36,6 +36,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -259,11 +260,16 @@ class RayCluster:
         # ray job stop waits this long after SIGTERM before it kills: the job's clean stop.
         self.env = {**os.environ, "RAY_JOB_STOP_WAIT_TIME_S": "60", "COMPUTERSD_SOAK": marker}
         self.ray = str(Path(sys.executable).with_name("ray"))
+        self.marker = marker
+        # Short: Ray's socket paths under it must stay within the 107-byte limit.
+        self.temp_dir = Path(tempfile.gettempdir()) / f"ray-{marker}"
 
     def start(self) -> None:
+        # A temp dir of its own: this cluster's files and sockets never mix with another Ray on
+        # the machine (a test session's, a user's).
         cmd = [self.ray, "start", "--head", f"--port={self.port}", "--num-cpus=6",
                "--include-dashboard=true", f"--dashboard-port={self.dashboard_port}",
-               "--disable-usage-stats"]  # fmt: skip
+               f"--temp-dir={self.temp_dir}", "--disable-usage-stats"]  # fmt: skip
         with (self.folder / "ray_start.log").open("ab") as log:
             subprocess.run(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, check=True)
         from ray.job_submission import JobSubmissionClient
@@ -285,9 +291,33 @@ class RayCluster:
         ]
 
     def stop(self) -> None:
-        with (self.folder / "ray_start.log").open("ab") as log:
-            subprocess.run([self.ray, "stop", "--force"], env=self.env, stdout=log,
-                           stderr=subprocess.STDOUT, timeout=120)  # fmt: skip
+        """Stop this cluster's processes only: `ray stop` would stop every Ray cluster on the
+        machine, and a driver whose raylet dies exits at once (a pytest session with its own
+        cluster, for one). Every process of this cluster carries the soak's marker."""
+        for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
+            pids = [p for p in processes_with_env(self.marker) if not _is_browser(p)]
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, sig)
+            with contextlib.suppress(TimeoutError):
+                wait_for(lambda p=pids: not _alive_any(p), wait_s, "Ray processes gone", 0.5)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _alive_any(pids: list[int]) -> bool:
+    return any(Path(f"/proc/{pid}").exists() and _state(pid) != "Z" for pid in pids)
+
+
+def _state(pid: int) -> str:
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return "?"
+
+
+def _is_browser(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return b"chrom" in Path(f"/proc/{pid}/cmdline").read_bytes().lower()
+    return False
 
 
 class Job:
@@ -600,15 +630,18 @@ class Soak:
             {e["kind"] for e in done} | ({"env_faults"} if r.env_faults else set())
         )
         r.faults = len(done) + r.env_faults
-        point = resume_point(self.run_dir) if self.run_dir.exists() else None
-        acc = audit_run(self.run_dir, point.checkpoint if point else None, self._samples_per_step())
+        if not (self.run_dir / "config.yaml").exists():
+            r.problems.append("the job never started: nothing to audit")
+            return
+        point = resume_point(self.run_dir)
+        acc = audit_run(self.run_dir, point.checkpoint, self._samples_per_step())
         r.lost_groups, r.duplicate_groups = len(acc.lost_groups), len(acc.duplicate_groups)
         r.outcomes, r.groups_started = dict(acc.outcomes), acc.groups_started
         r.optimizer_steps, r.trained_samples = acc.optimizer_steps, acc.trained_samples
         r.problems += acc.problems
         if acc.lost_groups:
             r.problems.append(f"lost groups: {acc.lost_groups[:10]}")
-        if point and point.checkpoint and point.step != acc.optimizer_steps:
+        if point.checkpoint and point.step != acc.optimizer_steps:
             r.problems.append(
                 f"the final checkpoint is at step {point.step} but its lineage has "
                 f"{acc.optimizer_steps} steps"
