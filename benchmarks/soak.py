@@ -335,10 +335,18 @@ class Job:
             f"cd {ROOT} && exec {sys.executable} -m workflows.online_rl --config embedded {args}"
         )
         env = {k: os.environ[k] for k in ("DS_ACCELERATOR", "HF_HUB_OFFLINE") if k in os.environ}
-        sid = self.cluster.jobs.submit_job(
-            entrypoint=entry,
-            runtime_env={"env_vars": {**env, "DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1"}},
-        )
+        runtime_env = {"env_vars": {**env, "DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1"}}
+        # A dashboard that answers may still lack its job agent ("No available agent to submit
+        # job, please try again later"): a fresh cluster takes a while on a busy machine.
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                sid = self.cluster.jobs.submit_job(entrypoint=entry, runtime_env=runtime_env)
+                break
+            except RuntimeError as exc:
+                if "try again" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(3.0)
         self.ids.append(sid)
         return sid
 
