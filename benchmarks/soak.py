@@ -267,8 +267,11 @@ class RayCluster:
     def start(self) -> None:
         # A temp dir of its own: this cluster's files and sockets never mix with another Ray on
         # the machine (a test session's, a user's).
+        # The dashboard agent's port too: its default (52365) is taken by any other Ray on the
+        # machine, and without an agent no job can be submitted.
         cmd = [self.ray, "start", "--head", f"--port={self.port}", "--num-cpus=6",
                "--include-dashboard=true", f"--dashboard-port={self.dashboard_port}",
+               f"--dashboard-agent-listen-port={free_port()}",
                f"--temp-dir={self.temp_dir}", "--disable-usage-stats"]  # fmt: skip
         with (self.folder / "ray_start.log").open("ab") as log:
             subprocess.run(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, check=True)
