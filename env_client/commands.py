@@ -128,16 +128,22 @@ _SIGNATURES = {
 WHITELIST = frozenset(_SIGNATURES)
 
 
+def parse_source(text: Any, what: str) -> ast.Module:
+    """``text`` parsed (never run), or CommandError naming ``what`` when it is not a string,
+    too long, or not Python."""
+    if not isinstance(text, str):
+        raise CommandError(f"{what} must be a string, got {type(text).__name__}")
+    if len(text) > MAX_COMMAND_CHARS:
+        raise CommandError(f"{what} longer than {MAX_COMMAND_CHARS} characters")
+    try:
+        return ast.parse(text, mode="exec")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise CommandError(f"{what} is not valid Python: {type(exc).__name__}: {exc}") from None
+
+
 def parse_command(command: Any) -> list[Op]:
     """pyautogui command text → operations, or CommandError. Never evaluates anything."""
-    if not isinstance(command, str):
-        raise CommandError(f"command must be a string, got {type(command).__name__}")
-    if len(command) > MAX_COMMAND_CHARS:
-        raise CommandError(f"command longer than {MAX_COMMAND_CHARS} characters")
-    try:
-        tree = ast.parse(command, mode="exec")
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-        raise CommandError(f"command is not valid Python: {type(exc).__name__}: {exc}") from None
+    tree = parse_source(command, "command")
     if not tree.body:
         raise CommandError("command is empty")
     if len(tree.body) > MAX_STATEMENTS:

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 from env_client.actions import normalize_key
 from env_client.commands import (
-    MAX_COMMAND_CHARS,
     CommandError,
     KeysOp,
     Op,
@@ -28,6 +27,7 @@ from env_client.commands import (
     SleepOp,
     TypeOp,
     parse_command,
+    parse_source,
 )
 
 MAX_PROGRAM_STATEMENTS = 200
@@ -49,14 +49,7 @@ DesktopOp = Op | HoldOp
 
 def parse_program(text: str) -> list[DesktopOp]:
     """A pyautogui program → operations; CommandError for anything outside the whitelist."""
-    if not isinstance(text, str):
-        raise CommandError(f"program must be a string, got {type(text).__name__}")
-    if len(text) > MAX_COMMAND_CHARS:
-        raise CommandError(f"program longer than {MAX_COMMAND_CHARS} characters")
-    try:
-        tree = ast.parse(text, mode="exec")
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-        raise CommandError(f"program is not valid Python: {type(exc).__name__}: {exc}") from None
+    tree = parse_source(text, "program")
     if len(tree.body) > MAX_PROGRAM_STATEMENTS:
         raise CommandError(f"program has more than {MAX_PROGRAM_STATEMENTS} statements")
     ops: list[DesktopOp] = []
