@@ -575,7 +575,8 @@ class Soak:
     def _hostile(self) -> None:
         """Commands that try to escape the whitelist, on a live episode: each must be refused
         (4xx), none may run a GUI action or create its marker file."""
-        from benchmarks.fuzz_http import TASK, gui, hostile_commands
+        from benchmarks.http_fuzz.common import TASK
+        from benchmarks.http_fuzz.env_server import gui, hostile_commands
 
         marker = self.folder / f"hostile-{self.env.lives}"
         sid = f"sess-soak-hostile-{self.env.lives}"

@@ -498,7 +498,9 @@ def test_release_whose_answer_is_lost_is_retried_to_ok(server, caplog):
 
 
 def test_fuzz_probes_on_a_live_session_get_named_4xx_and_change_nothing(server):
-    from benchmarks.fuzz_http import EnvTarget, Tally, draw, env_healthy, env_session, run_probes
+    from benchmarks.http_fuzz.common import Tally, run_probes
+    from benchmarks.http_fuzz.driver import draw
+    from benchmarks.http_fuzz.env_server import EnvTarget, env_healthy, env_session
 
     async def go() -> None:
         async with aiohttp.ClientSession() as http:

@@ -1,7 +1,7 @@
-"""The fuzzer's demo probes (``benchmarks/fuzz_http.py``) against the real demo FastAPI app,
-served on a loopback port (uvicorn in a thread) without Ray, Serve, models or an environment:
-every answer is a named 4xx, no probe starts an episode or steps, stops or changes the live
-one, and no file a probe names appears.
+"""The fuzzer's demo probes (``benchmarks/http_fuzz/demo_app.py``) against the real demo
+FastAPI app, served on a loopback port (uvicorn in a thread) without Ray, Serve, models or an
+environment: every answer is a named 4xx, no probe starts an episode or steps, stops or changes
+the live one, and no file a probe names appears.
 
 The live episode is a stand-in on no session (state ``ready``): a probe that stepped it would
 fail it, one that stopped it would end it, and the health check would say so. The body limit
@@ -18,18 +18,15 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from benchmarks.fuzz_http import (
+from benchmarks.http_fuzz.common import Probe, Tally, run_probes, send
+from benchmarks.http_fuzz.demo_app import (
     DemoTarget,
-    Probe,
-    Tally,
     demo_error_named,
     demo_healthy,
     demo_probes,
     demo_target,
-    draw,
-    run_probes,
-    send,
 )
+from benchmarks.http_fuzz.driver import draw
 from env_client.client import EnvClient
 from env_client.config import EnvClientConfig
 from env_client.tasks.sources import make_task_source

@@ -20,7 +20,9 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from benchmarks.fuzz_http import EnvTarget, Tally, draw, hostile_commands, run_probes
+from benchmarks.http_fuzz.common import Tally, run_probes
+from benchmarks.http_fuzz.driver import draw
+from benchmarks.http_fuzz.env_server import EnvTarget, hostile_commands
 from env_client.commands import CommandError, parse_command
 from env_client.config import EmbeddedEnvConfig
 from env_client.server.app import EnvServer

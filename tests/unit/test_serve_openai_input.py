@@ -22,7 +22,9 @@ import pytest
 import uvicorn
 from pydantic import ValidationError
 
-from benchmarks.fuzz_http import OpenAITarget, Tally, _png_claiming, draw, run_probes
+from benchmarks.http_fuzz.common import Tally, run_probes
+from benchmarks.http_fuzz.driver import draw
+from benchmarks.http_fuzz.openai_endpoint import OpenAITarget, _png_claiming
 from serve_apps.api import GenerateRequest
 from serve_apps.openai_api import ChatCompletionRequest, build_openai_app
 from serve_apps.prompting.inputs import PromptEncoder
