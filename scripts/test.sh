@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The README's test command: set up (idempotent), lint, then the default test suite (CPU only).
+# The README's test command: set up (idempotent), lint, type-check, then the default test suite
+# (CPU only).
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not integration"`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -9,6 +10,8 @@ export DS_ACCELERATOR=cpu HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_DEDUP_LOGS
 echo "[test] ruff"
 "$VENV/bin/ruff" check --quiet .
 "$VENV/bin/ruff" format --check --quiet .
+echo "[test] mypy"
+"$VENV/bin/mypy"  # the packages listed under [tool.mypy] in pyproject.toml
 echo "[test] pytest"
 set +e
 "$VENV/bin/python" -m pytest -q "$@"

@@ -74,8 +74,8 @@ def ds_config(trainer: TrainerConfig, optim: OptimConfig | None) -> dict[str, An
                 "torch_adam": True,
             },
         }
-        if optim.grad_clip is not None:
-            cfg["gradient_clipping"] = optim.grad_clip
+        # Always explicit: DeepSpeed clips at 1.0 when the key is absent (0 disables).
+        cfg["gradient_clipping"] = optim.grad_clip if optim.grad_clip is not None else 0.0
     return cfg
 
 

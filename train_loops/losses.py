@@ -151,7 +151,7 @@ def policy_gradient_loss(
         "pg/frac_dropped": _frac_dropped(loss_mask, mask),
         # With ρ = 1 (one update per batch) L_PG's value is -mean A, ~0 for whole groups, while
         # its gradient is not: this is the share of samples that carry a policy gradient.
-        "pg/frac_nonzero_adv": (advantages != 0).to(lp.dtype).mean().detach(),
+        "pg/frac_nonzero_adv": float((advantages != 0).to(lp.dtype).mean()),
     }
     return loss, metrics
 

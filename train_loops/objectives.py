@@ -111,7 +111,7 @@ class RLObjective:
         batch, terms = collate_rl(rows, self.encoder)
         batch = batch.to(self.device, self.dtype)
         terms = terms._replace(guided=has_guidance(rows))
-        terms = RLTerms(*(t.to(self.device) for t in terms))
+        terms = RLTerms._make(None if t is None else t.to(self.device) for t in terms)
         logprobs, entropy = response_logprobs(model, batch, with_entropy=True)
         loss, metrics = rl_loss(logprobs, terms, self.coefs, self.variant, self._ref(batch))
         metrics.update(_guidance_gap(rows, terms))

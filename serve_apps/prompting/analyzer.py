@@ -143,7 +143,7 @@ def reference_analyzer_messages(
     )
     parts.image(screenshot_after)
     parts.text("\n\nEvaluate only the student response above.")
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": REFERENCE_ANALYZER_PROMPT},
         {"role": "user", "content": parts.content},
     ]

@@ -173,6 +173,10 @@ def test_deepspeed_config_matches_the_trainer_layout() -> None:
     assert cfg["zero_optimization"]["stage"] == 2 and not cfg["bf16"]["enabled"]
     assert cfg["optimizer"]["params"]["torch_adam"] is True
     assert cfg["optimizer"]["params"]["betas"] == [0.9, 0.95]
+    assert cfg["gradient_clipping"] == 1.0
+    # No clip means 0 in DeepSpeed's terms: an absent key would clip at its default, 1.0.
+    unclipped = ds_config(cpu_trainer(), OptimConfig(grad_clip=None))
+    assert unclipped["gradient_clipping"] == 0.0
     gpu = ds_config(TrainerConfig(), None)
     assert gpu["bf16"]["enabled"] and gpu["zero_optimization"]["stage"] == 3
     assert "optimizer" not in gpu

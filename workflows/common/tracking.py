@@ -15,7 +15,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -81,20 +81,19 @@ class Tracker:
         file) are skipped."""
         done = int(self.state.get(f"{prefix}_last", -1))
         for row in rows:
-            at = row.get(step_key)
-            if not _is_number(at) or int(at) <= done:
+            raw = row.get(step_key)
+            if not _is_number(raw) or int(raw) <= done:
                 continue
+            at = int(raw)
             scalars = {f"{prefix}/{k}": float(v) for k, v in row.items() if _is_number(v)}
             if self._tb is not None:
                 for key, value in scalars.items():
-                    self._tb.add_scalar(key, value, int(at))
+                    self._tb.add_scalar(key, value, at)
             if self._mlflow is not None:
-                self._mlflow.log_metrics(
-                    {_mlflow_key(k): v for k, v in scalars.items()}, step=int(at)
-                )
+                self._mlflow.log_metrics({_mlflow_key(k): v for k, v in scalars.items()}, step=at)
             if self._wandb is not None:  # W&B wants one monotonic step: attach to the current
                 self._wandb.log(scalars, step=self.step)
-            done = int(at)
+            done = at
         self.state[f"{prefix}_last"] = done
         self._save()
 
@@ -185,7 +184,7 @@ def _optional(module: str, field: str) -> Any:
         raise RuntimeError(msg) from None
 
 
-def _is_number(v: Any) -> bool:
+def _is_number(v: Any) -> TypeGuard[int | float]:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 

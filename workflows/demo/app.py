@@ -143,7 +143,7 @@ def deploy_demo(cfg: DemoConfig, logging_config: dict[str, Any] | None = None) -
     cfg = for_demo(cfg)
     if not cfg.demo.attach:
         cfg = resolve_models(cfg)
-        apps = [(build_policy_app(cfg.policy), cfg.policy)]
+        apps: list[tuple[Any, Any]] = [(build_policy_app(cfg.policy), cfg.policy)]
         if cfg.demo.use_analyzer:
             apps.append((build_analyzer_app(cfg.analyzer), cfg.analyzer))
         for app, app_cfg in apps:

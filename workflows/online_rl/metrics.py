@@ -64,7 +64,10 @@ def _session_roots() -> list[Any]:
     try:
         import ray
 
-        session = ray._private.worker.global_worker.node.get_session_dir_path()
+        node = ray._private.worker.global_worker.node
+        if node is None:
+            return []
+        session = node.get_session_dir_path()
     except Exception:  # no Ray, not connected, or the private API moved: the tree alone
         return []
     roots = []

@@ -5,6 +5,7 @@ self-distillation can teach (METHOD.md §3, §5)."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -30,7 +31,10 @@ async def success_rates(
 
     def job(i: int, task: dict[str, Any]) -> Any:
         agent = PolicyAgent(handle, "warm", STYLE, cfg.temperature, seed * 1000 + i * 37)
-        play = lambda: play_episode(client, task, agent, STYLE, max_steps=cfg.max_steps)  # noqa: E731
+
+        def play() -> Any:
+            return play_episode(client, task, agent, STYLE, max_steps=cfg.max_steps)
+
         return lambda: play_with_retries(play, 2, f"check {task['id']}")
 
     by_task: dict[str, list[bool]] = defaultdict(list)
@@ -61,7 +65,7 @@ async def guidance_gaps(handle: Any, encoder: Any, demos: Sequence[Demo]) -> lis
         return out[1] - out[0]
 
     gaps: list[float] = []
-    async for _, res in run_bounded([lambda d=d: one(d) for d in demos], 4):
+    async for _, res in run_bounded([functools.partial(one, d) for d in demos], 4):
         if isinstance(res, BaseException):
             raise res
         gaps.append(float(res))

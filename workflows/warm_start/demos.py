@@ -49,7 +49,9 @@ async def play_demo(sess: Session, task: dict[str, Any], kind: str, max_steps: i
     """One demonstration episode on ``sess``; its states with the expert's answers."""
     obs = await sess.reset(task)
     instruction = obs.instruction or str(task.get("instruction") or "")
-    screen, history, out = Screen(obs.screenshot or b"", obs.accessibility_tree), [], []
+    screen = Screen(obs.screenshot or b"", obs.accessibility_tree)
+    history: list[str] = []
+    out: list[Demo] = []
     episode = f"{task['task']}/{task['seed']}/{kind}"
     for step in range(max_steps):
         truth = await sess.ground_truth()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,7 @@ def os_tasks() -> list[tuple[Task, list[Step], dict[str, bytes]]]:
 
     def add(tid: str, instr: str, config: list[Step], ev: dict[str, Any], expert: list[Step],
             files: dict[str, bytes] | None = None) -> None:  # fmt: skip
-        task = {"id": tid, "instruction": instr, "config": config, "evaluator": ev}
+        task: dict[str, Any] = {"id": tid, "instruction": instr, "config": config, "evaluator": ev}
         task["related_apps"] = ["terminal"]
         out.append((task, expert, files or {}))
 
@@ -240,7 +241,7 @@ def editor_tasks() -> list[tuple[Task, list[Step], dict[str, bytes]]]:
             "expected": local(tid, "expected-" + name),
             "options": {"ignore_blanks": True},
         }
-        task = {"id": tid, "instruction": instr, "config": config, "evaluator": ev}
+        task: dict[str, Any] = {"id": tid, "instruction": instr, "config": config, "evaluator": ev}
         task["related_apps"] = ["mousepad"]
         out.append((task, [*keys, SAVE, DONE], files))
 
@@ -307,7 +308,7 @@ def editor_tasks() -> list[tuple[Task, list[Step], dict[str, bytes]]]:
     return out
 
 
-def _xlsx(rows: list[list[Any]]) -> bytes:
+def _xlsx(rows: Sequence[Sequence[Any]]) -> bytes:
     import io
 
     import openpyxl
@@ -324,9 +325,9 @@ def _xlsx(rows: list[list[Any]]) -> bytes:
 
 def calc_tasks() -> list[tuple[Task, list[Step], dict[str, bytes]]]:
     out = []
-    base = [["Item", "Qty"], ["pen", 10], ["ink", 20], ["pad", 30]]
+    base: list[list[Any]] = [["Item", "Qty"], ["pen", 10], ["ink", 20], ["pad", 30]]
 
-    def add(tid: str, instr: str, before: list[list[Any]], after: list[list[Any]],
+    def add(tid: str, instr: str, before: Sequence[Sequence[Any]], after: Sequence[Sequence[Any]],
             keys: list[Step]) -> None:  # fmt: skip
         path = "~/Documents/stock.xlsx"
         ev = {
@@ -334,7 +335,7 @@ def calc_tasks() -> list[tuple[Task, list[Step], dict[str, bytes]]]:
             "result": vm_file(path, "stock.xlsx"),
             "expected": local(tid, "expected.xlsx"),
         }
-        task = {
+        task: dict[str, Any] = {
             "id": tid,
             "instruction": instr,
             "config": [upload(tid, "stock.xlsx", path), open_(path)],
@@ -434,7 +435,7 @@ def writer_tasks() -> list[tuple[Task, list[Step], dict[str, bytes]]]:
     def add(tid: str, instr: str, ev: dict[str, Any], keys: list[Step],
             expected: bytes | None = None) -> None:  # fmt: skip
         path = "~/Documents/report.docx"
-        task = {
+        task: dict[str, Any] = {
             "id": tid,
             "instruction": instr,
             "config": [upload(tid, "report.docx", path), open_(path)],
