@@ -58,4 +58,4 @@ else
     say "no virtualenv at $VENV yet: run scripts/setup.sh, then this script again"
     exit 1
 fi
-say "ready: $(Xvfb -version 2>&1 | grep -m1 -o 'X.Org X Server [0-9.]*'), $(soffice --version 2>/dev/null | cut -d' ' -f1-2)"
+say "ready: Xvfb $(dpkg-query -W -f='${Version}' xvfb 2>/dev/null), $(soffice --version 2>/dev/null | cut -d' ' -f1-2)"

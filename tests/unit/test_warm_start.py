@@ -192,3 +192,22 @@ def test_broken_cache_is_set_aside_and_rebuilt(tmp_path: Path, monkeypatch) -> N
     with pytest.raises(ZeroDivisionError):
         build.warm_start(other)
     assert not other.folder.exists()
+
+
+def test_folders_of_builds_whose_process_died_are_removed(tmp_path: Path, monkeypatch) -> None:
+    import os
+    import subprocess
+
+    from workflows.warm_start import build
+
+    cfg = WarmStartConfig(cache_dir=str(tmp_path))
+    dead = subprocess.Popen(["true"])  # a process that has exited: its pid is free
+    dead.wait()
+    stale = cfg.folder.with_name(f"{cfg.folder.name}.building-{dead.pid}")
+    alive = cfg.folder.with_name(f"{cfg.folder.name}.building-{os.getppid()}")
+    for folder in (stale, alive):
+        (folder / "policy").mkdir(parents=True)
+    monkeypatch.setattr(build, "_build_into", _fake_build)
+    assert build.warm_start(cfg) == cfg.folder
+    assert not stale.exists()  # killed mid-build: it could never finish
+    assert alive.exists()  # another process still building: left alone

@@ -60,6 +60,7 @@ def warm_start(cfg: WarmStartConfig, rebuild: bool = False) -> Path:
         folder.rename(aside)
     elif folder.exists():
         shutil.rmtree(folder)
+    _sweep_dead_builds(folder)
     work = folder.with_name(f"{folder.name}.building-{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -78,6 +79,16 @@ def warm_start(cfg: WarmStartConfig, rebuild: bool = False) -> Path:
         work.rename(folder)
     log(f"done in {time.time() - t0:.0f}s: {folder}")
     return folder
+
+
+def _sweep_dead_builds(folder: Path) -> None:
+    """Remove the ``*.building-<pid>`` folders of builds whose process is gone (killed, e.g.
+    by the OOM killer): they can never complete, only fill the disk."""
+    for stale in folder.parent.glob(f"{folder.name}.building-*"):
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            log(f"removing {stale} (its build process {pid} is gone)")
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def warm_member(model_path: str, member: str) -> Path:
