@@ -672,11 +672,14 @@ class Soak:
         if r.hostile_refused != r.hostile_sent:
             r.problems.append(f"{r.hostile_sent - r.hostile_refused} hostile commands not refused")
 
-    def _samples_per_step(self) -> int:
+    def _samples_per_step(self) -> int | None:
+        """Samples every step trains; None under rollout batches (dynamic sizes)."""
         import yaml
 
-        cfg = yaml.safe_load((self.run_dir / "config.yaml").read_text())
-        return int(cfg["trainer"]["samples_per_step"])
+        trainer = yaml.safe_load((self.run_dir / "config.yaml").read_text())["trainer"]
+        if trainer.get("schedule") == "rollout_batch":
+            return None
+        return int(trainer["samples_per_step"])
 
 
 def run_soak(cfg: SoakConfig) -> SoakReport:

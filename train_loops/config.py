@@ -122,7 +122,17 @@ class TrainerConfig(BaseModel):
         "bf16", description="Training dtype (fp32 master weights kept by DeepSpeed under bf16)."
     )
     samples_per_step: int = Field(
-        64, ge=1, description="Samples per optimizer step, all workers together (our choice)."
+        64,
+        ge=1,
+        description="Samples per optimizer step, all workers together (our choice); with "
+        "schedule=rollout_batch only DeepSpeed's starting batch size.",
+    )
+    schedule: Literal["fixed", "rollout_batch"] = Field(
+        "fixed",
+        description="fixed: every step takes samples_per_step rows of the split 'train' "
+        "dataset. rollout_batch (the authors'): every step is one rollout batch, whatever "
+        "its size: rank r reads its part of it from the 'train_rank<r>' dataset (parts padded "
+        "to whole micro-batches with zero-weight rows; a batch left empty is not dealt: no step).",
     )
     micro_batch_size: int = Field(
         1, ge=1, description="Samples per forward/backward on one worker (our choice)."

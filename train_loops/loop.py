@@ -69,7 +69,7 @@ from train_loops.metrics import (
     staleness,
 )
 from train_loops.objectives import MicroStep, Objective, RLObjective, SFTObjective
-from train_loops.stream import Row, RowStream, agree, any_rank
+from train_loops.stream import PartStream, Row, RowStream, agree, any_rank
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +114,24 @@ def train_worker(loop_config: dict[str, Any]) -> None:
         if start.optimizer_dir is not None:
             restore_optimizer(engine, start.optimizer_dir)
     objective = _objective(args, engine.device, start.state.base_model)
-    stream = RowStream(
-        ray.train.get_dataset_shard("train"), trainer.samples_per_worker, trainer.cycle_data
-    )
+    stream: RowStream | PartStream
+    if rollout_batches(args):
+        stream = PartStream(ray.train.get_dataset_shard(rank_dataset(rank)))
+    else:
+        stream = RowStream(
+            ray.train.get_dataset_shard("train"), trainer.samples_per_worker, trainer.cycle_data
+        )
     Loop(args, engine, objective, stream, start, rank).run()
+
+
+def rollout_batches(args: WorkerArgs) -> bool:
+    """Whether this run steps once per rollout batch (RL only: SFT data has no batches)."""
+    return args.kind == "rl" and args.config.trainer.schedule == "rollout_batch"
+
+
+def rank_dataset(rank: int) -> str:
+    """The dataset name of rank ``rank``'s rollout-batch parts."""
+    return f"train_rank{rank}"
 
 
 def _prepare_process(trainer: TrainerConfig) -> None:
@@ -187,7 +201,7 @@ class Loop:
         args: WorkerArgs,
         engine: Any,
         objective: Objective,
-        stream: RowStream,
+        stream: RowStream | PartStream,
         start: Start,
         rank: int,
     ):
@@ -211,6 +225,7 @@ class Loop:
         self._last_report = time.monotonic()
         self.lineages = read_lineages(start.source)  # every kind's, carried along
         self._since: list[dict[str, Any]] = []  # this rank's {step, ids} since the checkpoint
+        self.dynamic = rollout_batches(args)
 
     def run(self) -> None:
         reason = "max_steps"
@@ -245,24 +260,38 @@ class Loop:
 
     def _step(self, rows: list[Row], data_wait: float) -> dict[str, float]:
         t0 = time.perf_counter()
+        real = [r for r in rows if r.get("weight", 1.0) > 0]  # padding only with rollout batches
+        # Over all rows: padding copies real rows of the batch, and every rank needs the keys.
         stale = staleness(rows, self.state.version)
-        outs = [self._micro(chunk) for chunk in _chunks(rows, self.cfg.micro_batch_size)]
+        if self.dynamic:
+            world = self.state.world_size
+            means = {}
+            sums = train_part(self.engine, self.objective, rows, self.cfg.micro_batch_size, world)
+            self.state.samples_seen += int(rows[0]["batch_real"])
+        else:
+            outs = [self._micro(chunk) for chunk in _chunks(rows, self.cfg.micro_batch_size)]
+            means = mean_of([o.metrics for o in outs])
+            sums = {"tokens": float(sum(o.tokens for o in outs)), "samples": float(len(rows))}
+            self.state.samples_seen += self.cfg.samples_per_step
         grad_norm = self.engine.get_global_grad_norm()
         step_time = time.perf_counter() - t0
         self.state.step += 1
-        self.state.samples_seen += self.cfg.samples_per_step
-        self._since.append({"step": self.state.step, "ids": [str(r["sample_id"]) for r in rows]})
+        self._since.append({"step": self.state.step, "ids": [str(r["sample_id"]) for r in real]})
         publish_time = self._maybe_publish()
         means = {
-            **mean_of([o.metrics for o in outs]),
+            **means,
             **stale,
             "step_time": step_time,
             "time/data_wait": data_wait,
             "time/publish": publish_time,
             "optim/grad_norm": float(grad_norm) if grad_norm is not None else 0.0,
         }
-        sums = {"tokens": float(sum(o.tokens for o in outs)), "samples": float(len(rows))}
         metrics = reduce_across_ranks(means, sums, self.engine.device)
+        if self.dynamic:  # sample-weighted means: Σ(metric · real rows) / real rows, all ranks
+            total = max(metrics["samples"], 1.0)
+            metrics.update(
+                {k[:-2]: metrics.pop(k) / total for k in list(metrics) if k[-2:] == "@w"}
+            )
         metrics.update({"train/step": self.state.step, "train/version": self.state.version})
         self.metrics_log.write(metrics)
         return metrics
@@ -356,6 +385,37 @@ def _merge_steps(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for line in lines:
         steps.setdefault(int(line["step"]), []).extend(line["ids"])
     return [{"step": k, "ids": sorted(v)} for k, v in sorted(steps.items())]
+
+
+def train_part(
+    engine: Any, objective: Objective, rows: list[Row], micro: int, world: int
+) -> dict[str, float]:
+    """One rank's part of a rollout batch: its micro-batches accumulate into one update.
+
+    The batch has ``batch_real`` real rows over all ranks and ``size`` rows with padding.
+    DeepSpeed divides each micro-batch's loss by the accumulation steps and averages over
+    ranks, i.e. divides by ``size / micro``; scaling the loss of a micro-batch's real rows by
+    ``n_real / micro · size / batch_real`` makes the update the exact mean over the batch's
+    real rows. A micro-batch of padding only still runs forward and backward (× 0): ZeRO
+    reduces gradients on every backward, so all ranks must take as many. Returns sums for
+    :func:`~train_loops.metrics.reduce_across_ranks`: each metric weighted by real rows
+    (``<name>@w``), ``tokens`` and ``samples`` of the real rows."""
+    size = int(rows[0]["part_rows"]) * world
+    batch_real = int(rows[0]["batch_real"])
+    engine.set_train_batch_size(size)
+    chunks = _chunks(rows, micro)
+    sums = {"tokens": 0.0, "samples": 0.0}
+    for i, chunk in enumerate(chunks):
+        real = [r for r in chunk if r["weight"] > 0]
+        engine.set_gradient_accumulation_boundary(i == len(chunks) - 1)
+        out = objective.micro_step(engine, real or chunk)
+        engine.backward(out.loss * (len(real) / micro * size / batch_real))
+        engine.step()
+        for key, value in out.metrics.items():
+            sums[f"{key}@w"] = sums.get(f"{key}@w", 0.0) + float(value) * len(real)
+        sums["tokens"] += out.tokens if real else 0
+        sums["samples"] += len(real)
+    return sums
 
 
 def _chunks(rows: Sequence[Row], size: int) -> list[Sequence[Row]]:

@@ -62,6 +62,24 @@ STEP_SAMPLE_SCHEMA = pa.schema(
 
 STEP_SAMPLE_FIELDS: tuple[str, ...] = tuple(STEP_SAMPLE_SCHEMA.names)
 
+# A rollout-batch part (``trainer.schedule: rollout_batch``): the rows one trainer rank takes for
+# one optimizer step. The buffer splits each rollout batch into ``world`` parts of equal length
+# (padding with zero-weight copies of its rows) and streams rank r's parts to rank r only; these
+# transport fields ride along in the stream and are never stored in shards.
+# - ``batch_seq``: the rollout batch's number (the same on every rank's part of it);
+# - ``batch_real``: real rows of the whole batch, all ranks (an empty batch is never dealt);
+# - ``part_rows``: rows of this part, padding included (the same on every rank);
+# - ``weight``: 1.0 for a real row, 0.0 for padding.
+PART_FIELDS = (
+    pa.field("batch_seq", pa.int64(), nullable=False),
+    pa.field("batch_real", pa.int32(), nullable=False),
+    pa.field("part_rows", pa.int32(), nullable=False),
+    pa.field("weight", pa.float32(), nullable=False),
+)
+STREAM_PART_SCHEMA = pa.schema(
+    [*STEP_SAMPLE_SCHEMA, *PART_FIELDS], metadata={"computersd.schema": "step_part/1"}
+)
+
 
 class SampleError(ValueError):
     """A step sample that breaks the schema's invariants; the message names the field."""

@@ -55,6 +55,40 @@ class RowStream:
         return None
 
 
+class PartStream:
+    """``next()`` → the rows of this rank's next rollout-batch part (``part_rows`` of them,
+    padding included; ``train_loops.schema.PART_FIELDS``), or None when the data ended.
+
+    The shard is this rank's own, unsplit dataset: the buffer deals the k-th part of every
+    rollout batch to every rank, so the ranks' k-th calls return parts of the same batch."""
+
+    def __init__(self, shard: Any, prefetch_batches: int = 1):
+        self._shard = shard
+        self._prefetch = prefetch_batches
+        self._it: Iterator[Any] | None = None
+        self._left: list[Row] = []  # rows read past the end of the last part
+
+    def next(self) -> list[Row] | None:
+        if self._it is None:
+            self._it = iter(
+                self._shard.iter_batches(
+                    batch_size=None, batch_format="pyarrow", prefetch_batches=self._prefetch
+                )
+            )
+        rows, self._left = self._left, []
+        while not rows or len(rows) < int(rows[0]["part_rows"]):
+            table = next(self._it, None)
+            if table is None:  # a part cut short (its epoch ended) is not trained
+                return None
+            rows.extend(table.to_pylist())
+        n = int(rows[0]["part_rows"])
+        part, self._left = rows[:n], rows[n:]
+        seqs = sorted({int(r["batch_seq"]) for r in part})
+        if len(seqs) > 1:
+            raise RuntimeError(f"a part mixes rows of rollout batches {seqs}")
+        return part
+
+
 def agree(ready: bool, want_report: bool, device: torch.device | str) -> tuple[bool, bool]:
     """(every rank is ready, some rank wants a report) in one MIN all-reduce.
 

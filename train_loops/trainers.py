@@ -4,7 +4,9 @@
     result = trainer.fit()          # result.checkpoint: the latest checkpoint
 
 ``datasets["train"]`` may be an unbounded streaming dataset (RL) or a bounded one (SFT,
-tests). Checkpoints land under ``<run_dir>/<run_name>/``; step metrics are in
+tests); it is split over the workers. With ``trainer.schedule: rollout_batch`` (RL) there is
+one unsplit dataset per rank instead, ``datasets["train_rank<r>"]``, read by rank r alone (the
+buffer deals each rollout batch into one part per rank; ``train_loops.loop``). Checkpoints land under ``<run_dir>/<run_name>/``; step metrics are in
 ``<run_dir>/train_metrics.jsonl`` (see ``train_loops.metrics``) and in ``ray.train.report``.
 Resuming: pass ``resume_from`` (a checkpoint of ours, or a plain Hugging Face folder for the
 weights only); a run restarted under the same ``run_dir``/``run_name`` resumes from its own
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from train_loops.config import RLTrainConfig, SFTTrainConfig, TrainerConfig
-from train_loops.loop import CommitFn, PublishFn, StopFn, WorkerArgs, train_worker
+from train_loops.loop import CommitFn, PublishFn, StopFn, WorkerArgs, rank_dataset, train_worker
 
 if TYPE_CHECKING:
     from ray.train import Checkpoint
@@ -77,8 +79,7 @@ def _build(
 ) -> TorchTrainer:
     from ray.train.torch import TorchTrainer
 
-    if "train" not in datasets:
-        raise ValueError(f"datasets needs a 'train' entry, got {sorted(datasets)}")
+    dataset_config = _dataset_config(kind, cfg.trainer, datasets)
     run_dir = Path(run_dir).expanduser().resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     args = WorkerArgs(
@@ -100,7 +101,26 @@ def _build(
         scaling_config=_scaling(cfg.trainer),
         run_config=_run_config(cfg.trainer, run_dir, run_name),
         datasets=datasets,
+        dataset_config=dataset_config,
     )
+
+
+def _dataset_config(kind: str, trainer: TrainerConfig, datasets: dict[str, Any]) -> Any:
+    """Split ``train`` over the workers; per-rank datasets (rollout batches) stay whole."""
+    from ray.train import DataConfig
+
+    if kind == "rl" and trainer.schedule == "rollout_batch":
+        wanted = [rank_dataset(r) for r in range(trainer.num_workers)]
+        missing = [name for name in wanted if name not in datasets]
+        if missing:
+            raise ValueError(
+                f"trainer.schedule='rollout_batch' needs one dataset per rank {wanted}; "
+                f"missing {missing} (got {sorted(datasets)})"
+            )
+        return DataConfig(datasets_to_split=[])
+    if "train" not in datasets:
+        raise ValueError(f"datasets needs a 'train' entry, got {sorted(datasets)}")
+    return DataConfig(datasets_to_split=["train"])
 
 
 def _as_checkpoint(source: Checkpoint | str | Path | None) -> Checkpoint | None:

@@ -2,8 +2,9 @@
 policy + analyzer, rollout actors, the buffer's Ray Data stream, Ray Train + DeepSpeed ZeRO-2.
 
 One scenario, two runs of the job over one run folder: run A (a subprocess with its own Ray
-cluster) is killed with SIGKILL after its first checkpoint; run B (in-process, on the test
-session's cluster, its analyzer failing 30% of requests) resumes from that checkpoint and
+cluster, fixed-size updates) is killed with SIGKILL after its first checkpoint; run B
+(in-process, on the test session's cluster, its analyzer failing 30% of requests, one update
+per rollout batch of 2 groups as in the authors' schedule) resumes from that checkpoint and
 trains to the end, with an Entropulse switch forced on its first RL step (entropy threshold
 far above any entropy): the RL segment ends, an SFT phase changes the weights, RL continues
 from them. Checked: resume point, served versions rising while episodes run, the phase
@@ -29,6 +30,7 @@ import pytest
 
 from train_loops.checkpoint import checkpoint_complete
 from train_loops.jsonl import read_jsonl
+from train_loops.lineage import read_lineage
 from train_loops.schema import read_parquet, validate_sample
 from workflows.common.config_io import load_config
 from workflows.common.tracking import read_scalars
@@ -182,6 +184,8 @@ def test_async_run_killed_and_resumed(tmp_path: Path, env_server, ray_cluster) -
             *overrides, *ENTROPULSE, f"trainer.max_steps={final}",
             f"serve_http_port={_free_port()}",
             "analyzer.fault_rate=0.3",  # B's analyzer fails 30% of its requests (503)
+            # B: the authors' update schedule, fed first by the groups A left untrained.
+            "trainer.schedule=rollout_batch", "buffer.groups_per_batch=2",
         ],
     )  # fmt: skip
     last = rl_job.run(cfg)
@@ -230,6 +234,15 @@ def test_async_run_killed_and_resumed(tmp_path: Path, env_server, ray_cluster) -
 
     rows = read_parquet(sorted((run_dir / "trajectories").glob("*/*.parquet")))
     assert rows, "no step samples were written"
+    # B's updates are whole rollout batches: every sample of at most 2 groups (a group A began
+    # training before the kill brings the rest of its rows), sizes varying with the episodes.
+    group_of = {r["sample_id"]: r["group_id"] for r in rows}
+    lineage = read_lineage(run_dir / "rl-p01" / f"checkpoint_rl_{final:06d}")
+    b_steps = [line for line in lineage if line["step"] > step_a]
+    assert [line["step"] for line in b_steps] == list(range(step_a + 1, final + 1))
+    for line in b_steps:
+        assert 1 <= len({group_of[i] for i in line["ids"]}) <= 2, line
+    assert last["buffer/rollout_batches"] >= len(b_steps)
     ids = [r["sample_id"] for r in rows]
     assert len(ids) == len(set(ids))
     by_group: dict[str, set[str]] = {}

@@ -86,6 +86,10 @@ def test_production_configs_carry_method_defaults(
     h, tokens = {"production_qwen3vl": (3, 1024), "production_evocua": (4, 32768)}[name]
     assert cfg.policy.agent_style == name.removeprefix("production_")
     assert cfg.rollout.group_size == 8 and cfg.rollout.pause_s == 0.5
+    # The reference's schedule: one update per rollout batch of 4 groups, zero-gradient
+    # samples dropped.
+    assert (cfg.trainer.schedule, cfg.buffer.groups_per_batch) == ("rollout_batch", 4)
+    assert cfg.buffer.drop_zero_gradient
     assert cfg.rollout.history_screens == h
     assert cfg.policy.sampling.max_new_tokens == tokens and cfg.policy.sampling.temperature == 1.0
     # The authors' launchers: OSWorld task files, trainer-recomputed ratio anchor, zero-gradient

@@ -15,8 +15,8 @@ group must end in exactly one of:
   worker_died, abandoned).
 
 Anything else is ``lost``. ``duplicate`` groups: started twice, a shard in two folders, or a
-sample in the lineage twice. The lineage must also hold exactly ``samples_per_step`` samples
-for each optimizer step, one line per step. Standard library + pyarrow.
+sample in the lineage twice. The lineage must also hold one line per optimizer step, each with
+exactly ``samples_per_step`` samples (None: rollout batches, any number but none). Standard library + pyarrow.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Accounting:
 
 
 def audit_run(
-    run_dir: str | Path, checkpoint: str | Path | None, samples_per_step: int
+    run_dir: str | Path, checkpoint: str | Path | None, samples_per_step: int | None
 ) -> Accounting:
     """Account for every group of the run in ``run_dir``; ``checkpoint``: the newest RL
     checkpoint (its lineage says what was trained; None: nothing was)."""
@@ -99,15 +99,20 @@ def _shards(traj: Path, acc: Accounting) -> dict[str, tuple[str, list[dict[str, 
     return found
 
 
-def _check_lineage(lineage: list[dict], samples_per_step: int, acc: Accounting) -> set[str]:
+def _check_lineage(lineage: list[dict], samples_per_step: int | None, acc: Accounting) -> set[str]:
     steps = [line["step"] for line in lineage]
     acc.optimizer_steps = len(steps)
     acc.trained_samples = sum(len(line["ids"]) for line in lineage)
     if steps != list(range(1, len(steps) + 1)):
         acc.problems.append(f"lineage steps are not 1..{len(steps)} once each: {steps[:20]}")
-    wrong = [line["step"] for line in lineage if len(line["ids"]) != samples_per_step]
+    if samples_per_step is None:  # one rollout batch per step: any size, never empty
+        wrong = [line["step"] for line in lineage if not line["ids"]]
+        what = "at least one sample"
+    else:
+        wrong = [line["step"] for line in lineage if len(line["ids"]) != samples_per_step]
+        what = f"exactly {samples_per_step} samples"
     if wrong:
-        acc.problems.append(f"steps {wrong[:10]} did not train exactly {samples_per_step} samples")
+        acc.problems.append(f"steps {wrong[:10]} did not train {what}")
     return {i for line in lineage for i in line["ids"]}
 
 

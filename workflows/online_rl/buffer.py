@@ -9,6 +9,8 @@ One asyncio Ray actor sits between the rollout workers and the trainer's Ray Dat
 - ``put_group`` stores a finished group atomically (all its samples or none) and writes it to a
   Parquet shard under the run folder first, so a killed job loses no completed group.
 - ``take`` hands out up to ``n`` samples atomically (one method call; see RAY_NOTES.md trap 2).
+  With the authors' schedule (``trainer.schedule: rollout_batch``) it hands rank r the parts of
+  rollout batches dealt to it (:mod:`workflows.online_rl.batches`): one optimizer step each.
 - Handing out is not training: a group's shard stays in ``pending/`` until the trainer
   ``commit``s its rows (after the checkpoint that holds them), then moves to ``trained/``. When a
   trainer attempt dies, ``requeue`` hands its uncommitted rows out again (those in the newest
@@ -32,6 +34,7 @@ from typing import Any, Literal
 
 from train_loops.jsonl import JsonlWriter, read_jsonl
 from train_loops.schema import read_parquet, write_parquet
+from workflows.online_rl.batches import RolloutBatcher
 from workflows.online_rl.config import BufferConfig
 from workflows.online_rl.curriculum import TaskPicker
 
@@ -75,8 +78,12 @@ class TrajectoryBuffer:
         max_groups: int | None = None,
         picker: TaskPicker | None = None,
         trained_ids: list[str] | None = None,
+        batcher: RolloutBatcher | None = None,
     ) -> None:
         self.cfg = cfg
+        # trainer.schedule=rollout_batch: rows go out as per-rank parts of rollout batches
+        # (workflows.online_rl.batches); None: one first-in-first-out queue for all readers.
+        self.batcher = batcher
         self.sd_type = sd_type
         self.kinds = kinds or {}  # task name → family/domain, for per-domain success rates
         self._by_kind: dict[str, list[int]] = {}  # kind → [episodes, successes]
@@ -98,6 +105,7 @@ class TrajectoryBuffer:
         self.picker = picker  # which task each group plays (None: the worker's round-robin)
         self._epoch = 0  # stream epoch: readers of an ended epoch get None
         self._in_flight = 0
+        self._phase_groups = 0  # groups completed since the version changed (sync batches)
         self._cursor = start_cursor  # sequence number of the next group (picks its task)
         self._phase_version = start_version
         self._phase_produced = 0
@@ -160,11 +168,13 @@ class TrajectoryBuffer:
             return True  # acquire answers None at once
         if self.version - served_version > self.cfg.max_staleness:
             return False
-        if len(self._rows) >= self.cfg.capacity_samples:
+        if self._queued() >= self.cfg.capacity_samples:
             return False
         if self.mode == "async":
             return True
         self._maybe_new_phase()
+        if self.batcher is not None:  # one rollout batch per version
+            return self._phase_groups + self._in_flight < self.batcher.groups
         expected = self._phase_produced + self._in_flight * self._samples_per_group
         return expected < self.samples_per_step
 
@@ -172,6 +182,7 @@ class TrajectoryBuffer:
         if self.version != self._phase_version:
             self._phase_version = self.version
             self._phase_produced = 0
+            self._phase_groups = 0
 
     def _finish_flight(self, group_id: str) -> bool:
         """The group's slot is free again; False if it had already been dropped (a put or drop
@@ -208,6 +219,7 @@ class TrajectoryBuffer:
             self.stats_["lag_sum"] += sum(self.version - r["behavior_version"] for r in rows)
             self._maybe_new_phase()
             self._phase_produced += len(rows)
+            self._phase_groups += 1
             self._samples_per_group = 0.8 * self._samples_per_group + 0.2 * len(rows)
             self._cond.notify_all()
             return True
@@ -235,6 +247,7 @@ class TrajectoryBuffer:
                 self.stats_["groups_zero_grad"] += 1
                 self._move_shard(group_id, "zero_grad")
                 self.ledger.write(ev="zero_grad", group=group_id)
+                self._add_to_batch([])  # still one of its rollout batch's groups
                 return 0
             rows = kept
         done = [r for r in rows if r["sample_id"] in trained]
@@ -243,11 +256,28 @@ class TrajectoryBuffer:
         if not todo:
             self._settled(group_id)
             return 0
-        self._rows.extend(todo)
+        if self.batcher is not None:
+            self._add_to_batch(todo)
+        else:
+            self._rows.extend(todo)
         self._open[group_id] = {r["sample_id"] for r in todo}
         self._group_of.update((r["sample_id"], group_id) for r in todo)
         self.stats_["samples_in"] += len(todo)
         return len(todo)
+
+    def _add_to_batch(self, rows: list[dict[str, Any]]) -> None:
+        if self.batcher is None:
+            return
+        empty = self.batcher.empty_batches
+        if self.batcher.add_group(rows) and self.batcher.empty_batches > empty:
+            # No update will come of it, so no new version: in sync mode the next batch's
+            # groups may start now.
+            self.ledger.write(ev="empty_batch", batch=self.batcher.seq - 1)
+            self._phase_groups = 0
+
+    def _queued(self) -> int:
+        """Rows waiting for a reader (padding not counted)."""
+        return self.batcher.queued_count() if self.batcher is not None else len(self._rows)
 
     def task_for(self, seq: int) -> int:
         """Index of the task group ``seq`` plays, in the job's task list."""
@@ -290,28 +320,47 @@ class TrajectoryBuffer:
 
     # ---- consumer side -------------------------------------------------------------------
     async def take(
-        self, n: int, timeout_s: float = 1.0, epoch: int | None = None
+        self, n: int, timeout_s: float = 1.0, epoch: int | None = None, rank: int | None = None
     ) -> list[dict[str, Any]] | None:
         """Up to ``n`` samples (waits up to ``timeout_s`` for the first); None once closed and
-        empty, or once stream ``epoch`` (None: any) has ended."""
+        empty, or once stream ``epoch`` (None: any) has ended. With rollout batches, ``rank``
+        names the trainer rank whose parts are read (padding rows included)."""
+        if (self.batcher is None) != (rank is None):
+            raise ValueError(
+                f"take(rank={rank!r}): a rank is needed exactly when the buffer deals rollout "
+                f"batches (trainer.schedule=rollout_batch; this buffer: "
+                f"{'fixed' if self.batcher is None else 'rollout_batch'})"
+            )
 
         def ended() -> bool:
             return epoch is not None and epoch != self._epoch
 
+        def ready() -> bool:
+            return (
+                self.batcher.ready(rank)
+                if self.batcher is not None and rank is not None
+                else bool(self._rows)
+            )
+
         async with self._cond:
             try:
                 await asyncio.wait_for(
-                    self._cond.wait_for(lambda: self._closed or ended() or bool(self._rows)),
-                    timeout_s,
+                    self._cond.wait_for(lambda: self._closed or ended() or ready()), timeout_s
                 )
             except TimeoutError:
                 return []
-            if ended() or (not self._rows and self._closed):
+            if self._closed and self.batcher is not None:
+                self.batcher.flush()  # no more groups: the last, short batch goes out
+            if ended() or (not ready() and self._closed):
                 return None
-            out = [self._rows.popleft() for _ in range(min(n, len(self._rows)))]
-            for row in out:
+            if self.batcher is not None and rank is not None:
+                out = self.batcher.take(rank, n)
+            else:
+                out = [self._rows.popleft() for _ in range(min(n, len(self._rows)))]
+            real = [row for row in out if row.get("weight", 1.0) > 0]
+            for row in real:
                 self._handed[row["sample_id"]] = (row["group_id"], self._epoch)
-            self.stats_["samples_out"] += len(out)
+            self.stats_["samples_out"] += len(real)
             self._cond.notify_all()
             return out
 
@@ -330,23 +379,31 @@ class TrajectoryBuffer:
         next attempt starts from) has them, else they go back to the head of the queue, read
         again from their pending shards. Returns the rows requeued."""
         async with self._cond:
-            trained = set(trained_ids)
-            back: dict[str, set[str]] = {}
-            for sid, (group_id, epoch) in list(self._handed.items()):
-                if epoch >= self._epoch:  # a current reader has it
-                    continue
-                if sid in trained:
-                    self._settle(sid, trained=True)
-                else:
-                    del self._handed[sid]
-                    back.setdefault(group_id, set()).add(sid)
-            rows = [r for g, sids in sorted(back.items()) for r in self._shard_rows(g, sids)]
-            self._rows.extendleft(reversed(rows))
-            self.stats_["samples_requeued"] += len(rows)
-            if rows or back:
-                self.ledger.write(ev="requeue", rows=len(rows), groups=sorted(back))
+            rows = self._take_back(set(trained_ids))
+            if self.batcher is not None:
+                self.batcher.rebuild(front=rows)
+            else:
+                self._rows.extendleft(reversed(rows))
             self._cond.notify_all()
             return len(rows)
+
+    def _take_back(self, trained: set[str]) -> list[dict[str, Any]]:
+        """Rows handed to readers of ended stream epochs: settled as trained if in
+        ``trained``, else returned (read again from their pending shards) to be queued."""
+        back: dict[str, set[str]] = {}
+        for sid, (group_id, epoch) in list(self._handed.items()):
+            if epoch >= self._epoch:  # a current reader has it
+                continue
+            if sid in trained:
+                self._settle(sid, trained=True)
+            else:
+                del self._handed[sid]
+                back.setdefault(group_id, set()).add(sid)
+        rows = [r for g, sids in sorted(back.items()) for r in self._shard_rows(g, sids)]
+        self.stats_["samples_requeued"] += len(rows)
+        if rows or back:
+            self.ledger.write(ev="requeue", rows=len(rows), groups=sorted(back))
+        return rows
 
     def _shard_rows(self, group_id: str, sample_ids: set[str]) -> list[dict[str, Any]]:
         if not self.shard_dir:
@@ -354,13 +411,17 @@ class TrajectoryBuffer:
         rows = read_parquet(self.shard_dir / "pending" / f"{group_id}.parquet")
         return [r for r in rows if r["sample_id"] in sample_ids]
 
-    def _settle(self, sample_id: str, trained: bool) -> bool:
-        """``sample_id`` needs no more training (trained, or purged as too stale)."""
+    def _settle(self, sample_id: str, trained: bool, dequeue: bool = True) -> bool:
+        """``sample_id`` needs no more training (trained, or purged as too stale); its queued
+        copy, if any, is removed unless the caller already did (``dequeue=False``)."""
         group_id = self._group_of.pop(sample_id, None)
         if group_id is None:
             return False
-        if self._handed.pop(sample_id, None) is None:  # still queued (a requeued copy)
-            self._rows = deque(r for r in self._rows if r["sample_id"] != sample_id)
+        if self._handed.pop(sample_id, None) is None and dequeue:  # still queued
+            if self.batcher is not None:
+                self.batcher.rebuild(drop={sample_id})
+            else:
+                self._rows = deque(r for r in self._rows if r["sample_id"] != sample_id)
         left = self._open[group_id]
         left.discard(sample_id)
         if trained:
@@ -403,16 +464,26 @@ class TrajectoryBuffer:
         (same rule as ``put_group``; counted as ``groups_purged_stale``, shards kept)."""
         async with self._cond:
             limit = self.version - self.cfg.max_staleness - 1
-            stale = [r for r in self._rows if r["behavior_version"] < limit]
-            if stale:
-                ids = {r["sample_id"] for r in stale}
+            if self.batcher is not None:
+                # Rows an ended stream read ahead and never trained (its checkpoint committed
+                # what it trained) go back, and every rank's parts are dealt afresh: a reader
+                # that stopped mid-part would leave the ranks' parts misaligned.
+                back = self._take_back(set())
+                queued = back + self.batcher.queued()
+            else:
+                queued = list(self._rows)
+            stale = [r for r in queued if r["behavior_version"] < limit]
+            ids = {r["sample_id"] for r in stale}
+            if self.batcher is not None:
+                self.batcher.rebuild(front=back, drop=ids)
+            elif ids:
                 self._rows = deque(r for r in self._rows if r["sample_id"] not in ids)
-                groups = {r["group_id"] for r in stale}
+            if stale:
                 self.ledger.write(ev="purge", ids=sorted(ids))
                 for row in stale:
-                    self._settle(row["sample_id"], trained=False)
-                self.stats_["groups_purged_stale"] += len(groups)
-                self._cond.notify_all()
+                    self._settle(row["sample_id"], trained=False, dequeue=False)
+                self.stats_["groups_purged_stale"] += len({r["group_id"] for r in stale})
+            self._cond.notify_all()
             return self._epoch
 
     async def close(self) -> None:
@@ -425,7 +496,7 @@ class TrajectoryBuffer:
         s.update(
             version=self.version,
             cursor=self._cursor,
-            buffered_samples=len(self._rows),
+            buffered_samples=self._queued(),
             handed_samples=len(self._handed),
             groups_in_flight=self._in_flight,
             mean_lag=s["lag_sum"] / s["samples_in"] if s["samples_in"] else 0.0,
@@ -434,6 +505,11 @@ class TrajectoryBuffer:
         )
         s.update({f"success_rate/{k}": v for k, v in self.success_by_kind().items()})
         s.update(self.picker.stats() if self.picker else {"tasks_saturated": 0, "tasks_skipped": 0})
+        if self.batcher is not None:
+            s.update(
+                rollout_batches=self.batcher.batches,
+                rollout_batches_empty=self.batcher.empty_batches,
+            )
         return s
 
     def _restore(self, trained: set[str]) -> None:

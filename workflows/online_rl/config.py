@@ -141,6 +141,12 @@ class BufferConfig(_Strict):
         "group) and no active self-distillation target (sd off, d = 0 or no guidance). The "
         "authors' trainer drops them; counted as buffer/samples_dropped_zero_grad.",
     )
+    groups_per_batch: int = Field(
+        4,
+        ge=1,
+        description="With trainer.schedule=rollout_batch: completed groups per rollout batch, "
+        "i.e. per optimizer step (the authors': 4 tasks x 8 episodes = 4 groups of 8).",
+    )
 
 
 class OnlineRLConfig(_Strict):

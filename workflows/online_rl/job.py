@@ -20,6 +20,7 @@ from train_loops.jsonl import JsonlWriter, read_jsonl
 from workflows.common.config_io import dump_config
 from workflows.common.signals import sigterm_as_interrupt
 from workflows.common.tracking import Tracker
+from workflows.online_rl.batches import RolloutBatcher
 from workflows.online_rl.config import OnlineRLConfig
 from workflows.online_rl.metrics import (
     DashboardMetrics,
@@ -190,6 +191,9 @@ class Monitor(threading.Thread):
         }
         for key in ("generate", "env", "analyze", "score"):
             rec[f"latency/{key}_s"] = total.get(f"t_{key}", 0.0) / max(steps, 1.0)
+        if "rollout_batches" in buf:  # trainer.schedule=rollout_batch
+            rec["buffer/rollout_batches"] = buf["rollout_batches"]
+            rec["buffer/rollout_batches_empty"] = buf["rollout_batches_empty"]
         if buf["episodes"]:  # no success rate before the first episode ends (not 0.00)
             rec["rollout/success_rate"] = buf["success_rate"]
         # Per task family (MiniWoB kind, OSWorld domain).
@@ -384,6 +388,7 @@ def _run_with_env(cfg: OnlineRLConfig, env_url: str) -> dict[str, Any]:
                 seed=cfg.seed,
             ),
             sorted(lineage_ids(read_lineage(point.checkpoint))),
+            _batcher(cfg),
         )
     )
     worker_cls = ray.remote(RolloutWorker).options(
@@ -449,7 +454,6 @@ def _train(
     from train_loops.trainers import build_rl_trainer
     from workflows.online_rl.entropulse import Entropulse, EntropulseStop, Trigger
     from workflows.online_rl.rl_phases import ResumePoint, end_reason
-    from workflows.online_rl.stream import buffer_dataset
 
     pulse = Entropulse(cfg.entropulse, cfg.run_dir, cfg.trainer, cfg.optim, metrics=monitor.jsonl)
     monitor.extra["entropulse/phases"] = float(pulse.phases)
@@ -461,12 +465,10 @@ def _train(
     failures = 0
     while True:
         epoch = ray.get(buffer.open_stream.remote())
-        stream = buffer_dataset(
-            buffer, cfg.trainer.num_workers, epoch=epoch, block_size_kb=cfg.ray.data_block_size_kb
-        )
+        streams = _streams(cfg, buffer, epoch)
         stop_fn = EntropulseStop(cfg.entropulse, pulse.phases) if cfg.entropulse.enabled else None
         trainer = build_rl_trainer(
-            rl_cfg, base_policy, {"train": stream}, publisher, cfg.run_dir,
+            rl_cfg, base_policy, streams, publisher, cfg.run_dir,
             resume_from=point.checkpoint, run_name=point.run_name, start_step=point.step,
             stop_fn=stop_fn, commit_fn=committer, start_version=start_version,
         )  # fmt: skip
@@ -500,6 +502,30 @@ def _train(
             flush=True,
         )
         point = ResumePoint(pulse.phases, Path(phase.checkpoint), step, phase.version)
+
+
+def _batcher(cfg: OnlineRLConfig) -> RolloutBatcher | None:
+    """The buffer's rollout batches under the authors' schedule (one update per batch)."""
+    if cfg.trainer.schedule != "rollout_batch":
+        return None
+    t = cfg.trainer
+    return RolloutBatcher(cfg.buffer.groups_per_batch, t.num_workers, t.micro_batch_size)
+
+
+def _streams(cfg: OnlineRLConfig, buffer: Any, epoch: int) -> dict[str, Any]:
+    """The trainer's datasets over the buffer: one split stream, or one per rank."""
+    from train_loops.loop import rank_dataset
+    from workflows.online_rl.stream import buffer_dataset
+
+    kb = cfg.ray.data_block_size_kb
+    if cfg.trainer.schedule != "rollout_batch":
+        return {
+            "train": buffer_dataset(buffer, cfg.trainer.num_workers, epoch=epoch, block_size_kb=kb)
+        }
+    return {
+        rank_dataset(r): buffer_dataset(buffer, epoch=epoch, block_size_kb=kb, rank=r)
+        for r in range(cfg.trainer.num_workers)
+    }
 
 
 def _after_trainer_failure(

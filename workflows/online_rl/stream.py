@@ -20,35 +20,43 @@ import pyarrow as pa
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
-from train_loops.schema import STEP_SAMPLE_SCHEMA
+from train_loops.schema import STEP_SAMPLE_SCHEMA, STREAM_PART_SCHEMA
 
 
 def _read_forever(
-    buffer: Any, rows_per_block: int, poll_s: float, epoch: int | None
+    buffer: Any, rows_per_block: int, poll_s: float, epoch: int | None, rank: int | None
 ) -> Iterator[pa.Table]:
     import ray
 
+    schema = STEP_SAMPLE_SCHEMA if rank is None else STREAM_PART_SCHEMA
     while True:
-        rows = ray.get(buffer.take.remote(rows_per_block, poll_s, epoch))
+        rows = ray.get(buffer.take.remote(rows_per_block, poll_s, epoch, rank))
         if rows is None:  # closed and drained, or this stream epoch ended
             return
         if rows:
-            yield pa.Table.from_pylist(rows, schema=STEP_SAMPLE_SCHEMA)
+            yield pa.Table.from_pylist(rows, schema=schema)
 
 
 class BufferDatasource(Datasource):
     """``ray.data.read_datasource(BufferDatasource(buffer), override_num_blocks=n)``.
 
     ``epoch`` (from ``buffer.open_stream``) ends the stream when the buffer ends that epoch;
-    None reads until the buffer closes."""
+    None reads until the buffer closes. ``rank``: read the rollout-batch parts dealt to that
+    trainer rank (``train_loops.schema.STREAM_PART_SCHEMA``); None: the shared queue."""
 
     def __init__(
-        self, buffer: Any, rows_per_block: int = 2, poll_s: float = 1.0, epoch: int | None = None
+        self,
+        buffer: Any,
+        rows_per_block: int = 2,
+        poll_s: float = 1.0,
+        epoch: int | None = None,
+        rank: int | None = None,
     ) -> None:
         self.buffer = buffer
         self.rows_per_block = rows_per_block
         self.poll_s = poll_s
         self.epoch = epoch
+        self.rank = rank
 
     def estimate_inmemory_data_size(self) -> int | None:
         return None
@@ -60,10 +68,15 @@ class BufferDatasource(Datasource):
         data_context: Any | None = None,
     ) -> list[ReadTask]:
         meta = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=None)
-        buffer, n, poll, epoch = self.buffer, self.rows_per_block, self.poll_s, self.epoch
+        buffer, n, poll, epoch, rank = (
+            self.buffer, self.rows_per_block, self.poll_s, self.epoch, self.rank
+        )  # fmt: skip
+        schema = STEP_SAMPLE_SCHEMA if rank is None else STREAM_PART_SCHEMA
+        # One reader per rank's parts: two would interleave a part's rows out of order.
+        readers = max(1, parallelism) if rank is None else 1
         return [
-            ReadTask(lambda: _read_forever(buffer, n, poll, epoch), meta, schema=STEP_SAMPLE_SCHEMA)
-            for _ in range(max(1, parallelism))
+            ReadTask(lambda: _read_forever(buffer, n, poll, epoch, rank), meta, schema=schema)
+            for _ in range(readers)
         ]
 
 
@@ -73,14 +86,16 @@ def buffer_dataset(
     rows_per_block: int = 2,
     epoch: int | None = None,
     block_size_kb: int = 1,
+    rank: int | None = None,
 ):  # -> Dataset
-    """A streaming dataset of step samples; ends when the buffer closes or ends ``epoch``."""
+    """A streaming dataset of step samples (of rank ``rank``'s rollout-batch parts if given);
+    ends when the buffer closes or ends ``epoch``."""
     import ray
 
     with streaming_blocks(block_size_kb):
         return ray.data.read_datasource(
-            BufferDatasource(buffer, rows_per_block, epoch=epoch),
-            override_num_blocks=num_readers,
+            BufferDatasource(buffer, rows_per_block, epoch=epoch, rank=rank),
+            override_num_blocks=num_readers if rank is None else 1,
             num_cpus=0,
         )
 
