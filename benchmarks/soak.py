@@ -574,29 +574,49 @@ class Soak:
 
     def _hostile(self) -> None:
         """Commands that try to escape the whitelist, on a live episode: each must be refused
-        (4xx), none may run a GUI action or create its marker file."""
+        (4xx), none may run a GUI action or create its marker file. The injected faults can
+        stretch the check past the server's heartbeat timeout; the session is kept alive with
+        heartbeats, and a check whose session was reclaimed anyway is played again (a
+        reclaimed session cannot say how many actions ran)."""
+        marker = self.folder / f"hostile-{self.env.lives}"
+        for attempt in range(3):
+            sid = f"sess-soak-hostile-{self.env.lives}-{attempt}"
+            try:
+                verdict = self._hostile_round(sid, marker)
+            except Exception as exc:
+                verdict = f"hostile check failed: {exc}"
+            if verdict != "reclaimed":
+                break
+        if verdict:
+            self.report.problems.append(
+                "hostile check: session reclaimed 3 times" if verdict == "reclaimed" else verdict
+            )
+        if marker.exists():
+            self.report.problems.append(f"a hostile command executed: {marker} exists")
+
+    def _hostile_round(self, sid: str, marker: Path) -> str:
+        """One hostile check on session ``sid``: "" if clean, "reclaimed", or the problem."""
         from benchmarks.http_fuzz.common import TASK
         from benchmarks.http_fuzz.env_server import gui, hostile_commands
 
-        marker = self.folder / f"hostile-{self.env.lives}"
-        sid = f"sess-soak-hostile-{self.env.lives}"
         base = f"{self.env.url}/v1/sessions/{sid}"
         try:
             self._env_call("POST", f"{self.env.url}/v1/sessions", {"session_id": sid})
             self._env_call("POST", f"{base}/reset", {"task_payload": TASK})
             for command in hostile_commands(str(marker)):
+                self._env_call("POST", f"{base}/heartbeat", {})
                 status, _ = self._env_call("POST", f"{base}/step", {"action": gui(command)})
                 self.report.hostile_sent += 1
                 self.report.hostile_refused += int(400 <= status < 500)
+            self._env_call("POST", f"{base}/heartbeat", {})
             status, truth = self._env_call("GET", f"{base}/debug")
-            if status != 200 or truth.get("total_actions") != 0:
-                self.report.problems.append(f"hostile check: GUI actions ran: {truth}")
-        except Exception as exc:
-            self.report.problems.append(f"hostile check failed: {exc}")
         finally:
             self._env_call("DELETE", base)
-        if marker.exists():
-            self.report.problems.append(f"a hostile command executed: {marker} exists")
+        if status != 200 and "reclaimed" in str(truth):
+            return "reclaimed"
+        if status != 200 or truth.get("total_actions") != 0:
+            return f"hostile check: GUI actions ran: {truth}"
+        return ""
 
     def _env_call(self, method: str, url: str, body: Any = None) -> tuple[int, Any]:
         """One request, repeated past the injected 5xx faults and pending answers."""
