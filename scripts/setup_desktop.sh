@@ -7,7 +7,8 @@
 #     bash scripts/setup_desktop.sh          # idempotent: a second run checks and returns
 #
 # Environment: CSD_VENV (default .venv), the virtualenv that gets the Python libraries;
-# CSD_DESKTOP_USER (default csd-desktop), the user desktops run as when the server is root.
+# CSD_DESKTOP_USER (default csd-desktop), the prefix of the users desktops run as when the
+# server is root; CSD_DESKTOP_USERS (default 8), how many (one per live desktop).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${CSD_VENV:-.venv}
@@ -39,14 +40,22 @@ if [ ${#missing[@]} -gt 0 ]; then
         "${missing[@]}" fonts-liberation2 x11-utils wmctrl >/dev/null
 fi
 
-# The unprivileged user a root server runs each desktop's apps, terminal and setup commands as
-# (DesktopConfig.desktop_user): no password, no home of its own (each desktop gives it one),
-# bash as shell (the terminal starts the passwd shell), no groups besides its own.
+# The unprivileged users a root server runs desktops' apps, terminals and setup commands as
+# (DesktopConfig.desktop_user is their prefix): one per live desktop, so desktops cannot read
+# or signal each other's; no password, no home of their own (each desktop gives one), bash as
+# shell (the terminal starts the passwd shell), no groups besides their own.
 DESKTOP_USER=${CSD_DESKTOP_USER:-csd-desktop}
-if [ "$(id -u)" -eq 0 ] && ! id -u "$DESKTOP_USER" >/dev/null 2>&1; then
-    say "creating user $DESKTOP_USER"
-    useradd --system --user-group --shell /bin/bash --home-dir /nonexistent --no-create-home \
-        --comment "ComputerSD desktop apps" "$DESKTOP_USER"
+DESKTOP_USERS=${CSD_DESKTOP_USERS:-8}
+if [ "$(id -u)" -eq 0 ]; then
+    made=()
+    for ((k = 0; k < DESKTOP_USERS; k++)); do
+        if ! id -u "$DESKTOP_USER-$k" >/dev/null 2>&1; then
+            useradd --system --user-group --shell /bin/bash --home-dir /nonexistent \
+                --no-create-home --comment "ComputerSD desktop $k" "$DESKTOP_USER-$k"
+            made+=("$DESKTOP_USER-$k")
+        fi
+    done
+    [ ${#made[@]} -eq 0 ] || say "created users ${made[0]} … ${made[-1]} (${#made[@]})"
 fi
 
 if [ -x "$VENV/bin/python" ]; then

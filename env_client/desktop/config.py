@@ -92,17 +92,20 @@ class DesktopConfig(BaseModel):
     )
     desktop_user: str = Field(
         "csd-desktop",
-        description="When the server runs as root: the unprivileged user that runs each "
-        "desktop's window manager, apps, terminal and setup commands and owns its HOME "
-        "(scripts/setup_desktop.sh creates it); the desktop does not start without it. '' "
-        "keeps root. A server that is not root runs everything as itself.",
+        description="When the server runs as root: the name prefix of the unprivileged users "
+        "that run each desktop's window manager, apps, terminal and setup commands, one user "
+        "per live desktop (<prefix>-0, <prefix>-1, …; scripts/setup_desktop.sh makes 8, "
+        "CSD_DESKTOP_USERS=N more), each in a private /tmp of its desktop's own; a desktop "
+        "does not start without a free one. '' keeps root. A server that is not root runs "
+        "everything as itself.",
     )
     desktop_network: bool = Field(
         False,
         description="With desktop_user: whether the desktop's apps may use the network. By "
         "default they get an empty network namespace, so a command typed into the terminal "
-        "cannot reach this machine's services (the environment server, Ray's job API) or the "
-        "internet; the X display is reached through its socket file.",
+        "cannot reach this machine's services (the environment server, Ray's job API), the "
+        "internet, or another desktop's X server; the X display is reached through its "
+        "socket file.",
     )
     warm_office_profile: bool = Field(
         True,

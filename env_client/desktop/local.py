@@ -11,13 +11,16 @@ Isolation and cleanup:
   process of the desktop is killed and HOME is recreated from a fresh copy of the template (an
   app profile prepared once per server, see :func:`prepare_template`).
 
-Confinement (``cfg.desktop_user``): when the server runs as root, everything of the desktop an
-agent can drive (window manager, apps, terminal, setup commands) runs as an unprivileged user
-that owns HOME and TMPDIR and nothing else of the server's; a command typed into the terminal
-cannot write to the project or to root's files. Xvfb and the in-desktop server stay root (the
-server's interpreter may be unreadable to that user); the server starts every process as the
-user (:mod:`env_client.desktop.confine`; by default also without network) and hands it the
-files it uploads.
+Confinement (``cfg.desktop_user``; :mod:`env_client.desktop.confine`): when the server runs as
+root, everything of the desktop an agent can drive (window manager, apps, terminal, setup
+commands) runs as a pool user of its own that owns HOME and TMPDIR and nothing else, inside the
+desktop's own mount namespace (``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/run/lock`` are empty
+tmpfs of its own holding only its session folder and X socket) and, by default, an empty network
+namespace. A command typed into the terminal cannot write to the project, root's files, the
+machine's shared folders or another desktop's, nor reach the machine's services. Xvfb and the
+in-desktop server stay root outside (the server's interpreter may be unreadable to that user);
+the server starts every process confined and hands the user the files it uploads. On close,
+every process of that user is killed before the user goes back to the pool.
 
 Pre-warming (``cfg.prewarm``): a desktop that has not served an episode yet runs the prewarm
 commands in the background (by default an invisible LibreOffice with no document), started
@@ -35,7 +38,6 @@ import fcntl
 import json
 import logging
 import os
-import pwd
 import secrets
 import shutil
 import signal
@@ -46,7 +48,14 @@ import time
 from pathlib import Path
 
 from env_client.desktop.config import DesktopConfig
-from env_client.desktop.confine import WRAPPERS, confined
+from env_client.desktop.confine import (
+    WRAPPERS,
+    Confinement,
+    NoDesktopUser,
+    UserLease,
+    confined,
+    holder_argv,
+)
 
 log = logging.getLogger(__name__)
 TAG_VAR = "CSD_DESKTOP_TAG"
@@ -144,7 +153,9 @@ class LocalDesktop:
         self.core_pids: set[int] = set()
         self.procs: list[subprocess.Popen[bytes]] = []  # waited for on close (no zombies)
         self.used = False  # has served an episode (or an action) since start or the last revert
-        self.user: tuple[int, int] | None = None  # (uid, gid) of the desktop's processes
+        self.lease: UserLease | None = None  # the pool user the desktop's processes run as
+        self.user: tuple[int, int] | None = None  # its (uid, gid)
+        self.conf: Confinement | None = None  # that user + the desktop's namespaces
 
     # --- start -------------------------------------------------------------------------
 
@@ -154,18 +165,19 @@ class LocalDesktop:
             raise DesktopStartError(
                 f"missing programs {missing}: run scripts/setup_desktop.sh (opt-in set-up)"
             )
-        self.user = desktop_user(self.cfg)
-        self.folder.mkdir(parents=True, exist_ok=False)
-        self.folder.chmod(0o755)  # root's logs and ready file; HOME and TMPDIR are the user's
-        if self.user is not None and not _traversable(self.folder, *self.user):
-            shutil.rmtree(self.folder, ignore_errors=True)
-            raise DesktopStartError(
-                f"user {self.cfg.desktop_user!r} cannot reach {self.folder}: put desktop.root "
-                "under folders others may enter (the default /tmp/csd-desktops is)"
-            )
-        self._fresh_home()
+        self.lease = take_user(self.cfg)
+        self.user = self.lease.ids if self.lease else None
         try:
+            self.folder.mkdir(parents=True, exist_ok=False)
+            self.folder.chmod(0o755)  # root's logs and ready file; HOME and TMPDIR: the user's
+            if self.lease is not None and not _traversable(self.folder, *self.lease.ids):
+                raise DesktopStartError(
+                    f"user {self.lease.name!r} cannot reach {self.folder}: put desktop.root "
+                    "under folders others may enter (the default /tmp/csd-desktops is)"
+                )
+            self._fresh_home()
             self._start_x()
+            self._start_namespace()
             self._start_wm()
             self._start_server()
             self._prewarm()
@@ -223,10 +235,39 @@ class LocalDesktop:
         os.close(write_fd)
         self.core_pids.add(self.xvfb.pid)
         self.procs.append(self.xvfb)
-        number = _read_display(read_fd, self.cfg.start_timeout_s)
-        if number is None:
+        number = _read_line(read_fd, self.cfg.start_timeout_s)
+        if not number.isdigit():
             raise DesktopStartError(f"Xvfb gave no display number; see {self.folder}/xvfb.log")
         self.display = f":{number}"
+
+    def _start_namespace(self) -> None:
+        """A root server's desktop: start the holder of its mount (and network) namespace,
+        with its session folder and X socket kept (``env_client.desktop.nsholder``)."""
+        if self.user is None:
+            return
+        assert self.xvfb is not None and self.display is not None
+        x_socket = f"/tmp/.X11-unix/X{self.display.lstrip(':')}"
+        keep = [str(self.folder), x_socket]
+        read_fd, write_fd = os.pipe()
+        holder = subprocess.Popen(
+            holder_argv(sys.executable, keep, self.cfg.desktop_network),
+            env=self.env(),
+            process_group=self.xvfb.pid,
+            stdin=subprocess.DEVNULL,
+            stdout=write_fd,
+            stderr=self._log("namespace"),
+        )
+        os.close(write_fd)
+        self.core_pids.add(holder.pid)
+        self.procs.append(holder)
+        if _read_line(read_fd, self.cfg.start_timeout_s) != "ready":
+            raise DesktopStartError(
+                f"the desktop's private namespace did not start; see {self.folder}/namespace.log"
+            )
+        assert self.lease is not None
+        self.conf = Confinement(
+            self.lease.uid, self.lease.gid, holder.pid, self.cfg.desktop_network
+        )
 
     def _log(self, name: str) -> int:
         return os.open(self.folder / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -234,7 +275,7 @@ class LocalDesktop:
     def _spawn(self, argv: list[str], name: str, core: bool = True) -> subprocess.Popen[bytes]:
         assert self.xvfb is not None
         proc = subprocess.Popen(
-            confined(argv, self.user, self.cfg.desktop_network),
+            confined(argv, self.conf),
             env=self.env(),
             cwd=self.home,
             process_group=self.xvfb.pid,
@@ -275,9 +316,8 @@ class LocalDesktop:
             f"--type-delay-ms={self.cfg.type_delay_ms}",
             f"--ready-file={ready}",
         ]
-        if self.user is not None:
-            argv.append(f"--run-as={self.user[0]}:{self.user[1]}")
-            argv += [] if self.cfg.desktop_network else ["--no-network"]
+        if self.conf is not None:
+            argv.append(f"--confine={self.conf.flag()}")
         proc = self._spawn_server(argv)
         deadline = time.monotonic() + self.cfg.start_timeout_s
         while not ready.exists():
@@ -348,28 +388,29 @@ class LocalDesktop:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.xvfb.pid, signal.SIGKILL)
         _kill_all(self.pids())
+        if self.lease is not None:
+            # Also what left the tag and the group behind (``setsid env -i …`` typed into the
+            # terminal): the user is this desktop's alone, so all its processes are the desktop's.
+            _kill_all(user_pids(self.lease.uid))
         for proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(5)
         self.procs.clear()
         self.core_pids.clear()
         shutil.rmtree(self.folder, ignore_errors=True)
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
 
 
-def desktop_user(cfg: DesktopConfig) -> tuple[int, int] | None:
-    """(uid, gid) the desktop's processes run as; None: the server's own user."""
+def take_user(cfg: DesktopConfig) -> UserLease | None:
+    """A free pool user for a desktop of a root server (None: the server's own user)."""
     if os.geteuid() != 0 or not cfg.desktop_user:
         return None
     try:
-        entry = pwd.getpwnam(cfg.desktop_user)
-    except KeyError:
-        raise DesktopStartError(
-            f"no user {cfg.desktop_user!r} to run the desktop as (the server is root): run "
-            "scripts/setup_desktop.sh, or set desktop.desktop_user='' to run apps as root"
-        ) from None
-    if entry.pw_uid == 0:
-        raise DesktopStartError(f"desktop_user {cfg.desktop_user!r} is root")
-    return entry.pw_uid, entry.pw_gid
+        return UserLease.take(cfg.desktop_user)
+    except NoDesktopUser as exc:
+        raise DesktopStartError(str(exc)) from None
 
 
 def _traversable(folder: Path, uid: int, gid: int) -> bool:
@@ -389,7 +430,8 @@ def _chown_tree(top: Path, uid: int, gid: int) -> None:
             os.chown(os.path.join(base, name), uid, gid, follow_symlinks=False)
 
 
-def _read_display(fd: int, timeout_s: float) -> int | None:
+def _read_line(fd: int, timeout_s: float) -> str:
+    """The first line written to ``fd`` (stripped; '' if none came in time); closes ``fd``."""
     import select
 
     try:
@@ -402,8 +444,7 @@ def _read_display(fd: int, timeout_s: float) -> int | None:
                 if not chunk:
                     break
                 got += chunk
-        text = got.decode().strip()
-        return int(text) if text.isdigit() else None
+        return got.decode(errors="replace").strip()
     finally:
         os.close(fd)
 
@@ -429,6 +470,22 @@ def tagged_pids(var: str, tag: str) -> set[int]:
                     found.add(int(entry.name))
         except OSError:  # gone meanwhile, or not ours
             continue
+    return found
+
+
+def user_pids(uid: int) -> set[int]:
+    """Live processes whose real user id is ``uid``."""
+    found = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status") as f:
+                line = next(x for x in f if x.startswith("Uid:"))
+        except (OSError, StopIteration):
+            continue
+        if int(line.split()[1]) == uid and _running(int(entry.name)):
+            found.add(int(entry.name))
     return found
 
 

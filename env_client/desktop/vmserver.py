@@ -22,9 +22,10 @@ Differences from OSWorld's server, on purpose:
 - Every file path must resolve inside ``--root`` (the session folder): a path outside is 403.
 - With ``--token`` every request must carry ``X-Desktop-Token`` (the server listens on
   127.0.0.1, but other local users must not drive the desktop).
-- With ``--run-as UID:GID`` (a root server) every process it starts (commands, launched apps,
-  opened files) runs as that user with no other groups (and with ``--no-network`` without
-  network, see :mod:`env_client.desktop.confine`), and uploaded files belong to it.
+- With ``--confine UID:GID:PID:NET`` (a root server) every process it starts (commands,
+  launched apps, opened files) runs as that user with no other groups, inside the namespaces of
+  the holder PID (its private ``/tmp``; without network unless NET is 1; see
+  :mod:`env_client.desktop.confine`), and uploaded files belong to it.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from typing import Any
 
 from env_client.a11y import to_xml
 from env_client.commands import CommandError
-from env_client.desktop.confine import confined
+from env_client.desktop.confine import Confinement, confined
 from env_client.desktop.program import parse_program, program_of_execute
 from env_client.desktop.xinput import XInput
 
@@ -80,11 +81,8 @@ class Desktop:
         self.xinput = XInput(self.env, args.width, args.height, args.type_delay_ms)
         self.launched: list[subprocess.Popen[bytes]] = []
         self.input_lock = threading.Lock()  # one program at a time drives the pointer
-        self.user: tuple[int, int] | None = None
-        if args.run_as:
-            uid, gid = (int(v) for v in args.run_as.split(":"))
-            self.user = (uid, gid)
-        self.network = not args.no_network
+        self.conf = Confinement.parse(args.confine) if args.confine else None
+        self.user = (self.conf.uid, self.conf.gid) if self.conf else None
 
     # --- paths -------------------------------------------------------------------------
 
@@ -119,10 +117,10 @@ class Desktop:
     # --- processes ---------------------------------------------------------------------
 
     def argv(self, command: Any, shell: bool) -> list[str]:
-        """The argv that runs a request's command, as the desktop's user (``--run-as``)."""
+        """The argv that runs a request's command, confined (``--confine``)."""
         argv = _argv(command, shell)
         full = ["/bin/sh", "-c", argv] if shell else argv
-        return confined(full, self.user, self.network)
+        return confined(full, self.conf)
 
     def run(self, command: Any, shell: bool) -> dict[str, Any]:
         argv = self.argv(command, shell)
@@ -455,9 +453,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--token", default=os.environ.pop("CSD_DESKTOP_TOKEN", None))
     p.add_argument("--ready-file", type=Path, help="Write {url, pid} here once listening.")
-    p.add_argument("--run-as", help="UID:GID that every started process runs as (root only).")
     p.add_argument(
-        "--no-network", action="store_true", help="With --run-as: started processes get no network."
+        "--confine",
+        help="UID:GID:PID:NET (root only): every started process runs as UID:GID inside the "
+        "namespaces of process PID, with its network namespace too unless NET is 1.",
     )
     return p.parse_args(argv)
 

@@ -23,7 +23,8 @@ from env_client.commands import KeysOp, PointerOp, TypeOp
 from env_client.desktop.backend import DesktopBackend
 from env_client.desktop.config import DesktopConfig
 from env_client.desktop.experts import builtin_tasks, expert_steps, play
-from env_client.desktop.local import TAG_VAR, desktop_user, missing_binaries, tagged_pids
+from env_client.desktop.local import TAG_VAR, missing_binaries, tagged_pids
+from env_client.desktop.local import user_pids as local_user_pids
 from env_client.desktop.setup import SetupError
 from env_client.observation import png_size
 
@@ -209,6 +210,14 @@ def _comm(pid: int) -> str:
         return ""
 
 
+def _alive(pid: int) -> bool:
+    """Running (a killed process whose parent does not reap it stays a zombie: not alive)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _wait(what: str, check: Callable[[], object], timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -249,29 +258,45 @@ def test_the_first_reset_attaches_to_the_prewarmed_office_and_the_next_starts_cl
     os.geteuid() != 0 or shutil.which("xterm") is None, reason="confinement applies to root"
 )
 def test_commands_typed_into_the_terminal_cannot_write_outside_the_session(
-    backend: DesktopBackend,
+    backend: DesktopBackend, cfg: DesktopConfig
 ) -> None:
-    """The agent's terminal runs as the desktop user without network: root's home, the project
-    and this machine's services are out of reach, its own HOME is not (the control that the
-    typing really ran)."""
-    user = desktop_user(backend.cfg)
-    assert backend.local is not None and user is not None
-    task = next(t for t in _all_tasks() if t["task"] == "os-count-lines")  # opens an xterm
-    backend.reset(task)
-    tag = f"csd-confine-{os.getpid()}"
-    outside = [Path("/root") / tag, REPO / tag]
-    typed = " ; ".join(f"touch {p}" for p in [*outside, Path("~") / tag])
-    port = backend.local.url.rsplit(":", 1)[1]  # the in-desktop server, on this machine
-    typed += f" ; (echo > /dev/tcp/127.0.0.1/{port}) && touch ~/{tag}-net"
+    """The agent's terminal runs as its desktop's own user, in a private /tmp, without
+    network: root's home, the project, the machine's /tmp and /dev/shm, another desktop's HOME
+    and this machine's services are out of reach; its own HOME is not (the control that the
+    typing really ran). A process that leaves the desktop's tag and group dies with it."""
+    other = DesktopBackend(cfg, 1)
+    other.start()
     try:
+        assert backend.local is not None and other.local is not None
+        user, other_user = backend.local.user, other.local.user
+        assert user is not None and other_user is not None and user[0] != other_user[0]
+        (other.local.home / "secret.txt").write_text("B's")
+        os.chown(other.local.home / "secret.txt", *other_user)
+        task = next(t for t in _all_tasks() if t["task"] == "os-count-lines")  # opens an xterm
+        backend.reset(task)
+        tag = f"csd-confine-{os.getpid()}"
+        outside = [Path("/root") / tag, REPO / tag, Path("/tmp") / tag, Path("/dev/shm") / tag,
+                   other.local.home / tag]  # fmt: skip
+        typed = " ; ".join(f"touch {p}" for p in [*outside, Path("~") / tag])
+        typed += f" ; cat {other.local.home / 'secret.txt'} > ~/{tag}-read"
+        typed += f" ; touch /tmp/{tag} && ls /tmp/{tag} && touch ~/{tag}-tmp"
+        port = backend.local.url.rsplit(":", 1)[1]  # the in-desktop server, on this machine
+        typed += f" ; (echo > /dev/tcp/127.0.0.1/{port}) && touch ~/{tag}-net"
+        typed += " ; setsid env -i sleep 600 &"  # leaves the tag and the process group
         backend.perform([TypeOp(typed + "\n")])
-        _wait("the typed command", lambda: (backend.local.home / tag).exists())
-        time.sleep(0.5)  # the network probe runs last
+        _wait("the typed command", lambda: (backend.local.home / f"{tag}-tmp").exists())
+        time.sleep(0.5)  # the network probe and the escape run last
         assert [p for p in outside if p.exists()] == []
+        assert (backend.local.home / f"{tag}-read").read_text() == ""  # B's HOME is closed
         assert not (backend.local.home / f"{tag}-net").exists()  # no network
         assert (backend.local.home / tag).stat().st_uid == user[0]
         xterms = [p for p in backend.local.pids() if _comm(p) == "xterm"]
         assert xterms and all(os.stat(f"/proc/{p}").st_uid == user[0] for p in xterms)
+        escaped = [p for p in local_user_pids(user[0]) if _comm(p) == "sleep"]
+        assert escaped and not set(escaped) & backend.local.pids()
+        backend.close()
+        assert not [p for p in escaped if _alive(p)]  # the user's processes die with it
     finally:
+        other.close()
         for p in outside:
             p.unlink(missing_ok=True)
