@@ -16,9 +16,10 @@ Each desktop gets three things of its own:
 Every process of the desktop enters both namespaces through ``nsenter`` and drops to the user
 with ``setpriv`` (util-linux; both exec in place: same pid, process group and environment)::
 
-    argv = confined(["xterm"], Confinement(uid=999, gid=995, ns_pid=4242, network=False))
-    # ['nsenter', '--target=4242', '--mount', '--net', '--', 'setpriv', '--reuid=999',
-    #  '--regid=995', '--clear-groups', '--', 'xterm']
+    conf = Confinement(uid=999, gid=995, ns_pid=4242, network=False)
+    argv = confined(["xterm"], conf, cwd="/tmp/csd-desktops/desk-d0-ab12/home")
+    # ['nsenter', '--target=4242', '--mount', '--net', '--wdns=/tmp/csd-desktops/desk-d0-ab12/home',
+    #  '--', 'setpriv', '--reuid=999', '--regid=995', '--clear-groups', '--', 'xterm']
 
 Without a confinement (the server is not root) the command is returned unchanged.
 """
@@ -56,11 +57,13 @@ class Confinement:
         return cls(uid, gid, pid, bool(network))
 
 
-def confined(argv: list[str], conf: Confinement | None) -> list[str]:
-    """``argv`` run inside the desktop's namespaces as its user (unchanged without one)."""
+def confined(argv: list[str], conf: Confinement | None, cwd: str | Path) -> list[str]:
+    """``argv`` run inside the desktop's namespaces as its user, in ``cwd`` (entering a mount
+    namespace moves to its root, so the directory is set again); unchanged without one."""
     if conf is None:
         return list(argv)
     enter = ["nsenter", f"--target={conf.ns_pid}", "--mount", *([] if conf.network else ["--net"])]
+    enter.append(f"--wdns={cwd}")
     drop = ["setpriv", f"--reuid={conf.uid}", f"--regid={conf.gid}", "--clear-groups", "--"]
     return [*enter, "--", *drop, *argv]
 

@@ -275,7 +275,7 @@ class LocalDesktop:
     def _spawn(self, argv: list[str], name: str, core: bool = True) -> subprocess.Popen[bytes]:
         assert self.xvfb is not None
         proc = subprocess.Popen(
-            confined(argv, self.conf),
+            confined(argv, self.conf, self.home),
             env=self.env(),
             cwd=self.home,
             process_group=self.xvfb.pid,

@@ -120,7 +120,7 @@ class Desktop:
         """The argv that runs a request's command, confined (``--confine``)."""
         argv = _argv(command, shell)
         full = ["/bin/sh", "-c", argv] if shell else argv
-        return confined(full, self.conf)
+        return confined(full, self.conf, self.home)
 
     def run(self, command: Any, shell: bool) -> dict[str, Any]:
         argv = self.argv(command, shell)

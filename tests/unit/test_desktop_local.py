@@ -162,14 +162,14 @@ def test_no_pool_user_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_confined_commands_enter_the_desktops_namespaces_as_its_user() -> None:
     conf = Confinement(uid=5001, gid=5000, ns_pid=4242, network=False)
-    assert confined(["xterm"], conf) == [
-        "nsenter", "--target=4242", "--mount", "--net", "--",
+    assert confined(["xterm"], conf, "/d/home") == [
+        "nsenter", "--target=4242", "--mount", "--net", "--wdns=/d/home", "--",
         "setpriv", "--reuid=5001", "--regid=5000", "--clear-groups", "--", "xterm",
     ]  # fmt: skip
     online = Confinement(5001, 5000, 4242, network=True)
-    assert "--net" not in confined(["xterm"], online)
+    assert "--net" not in confined(["xterm"], online, "/d/home")
     assert Confinement.parse(online.flag()) == online
-    assert confined(["xterm"], None) == ["xterm"]
+    assert confined(["xterm"], None, "/d/home") == ["xterm"]
 
 
 @NEEDS_POOL
@@ -207,6 +207,7 @@ def test_a_root_server_runs_commands_as_the_desktop_user_in_a_private_tmp(
             time.sleep(0.05)
         client = VMClient(json.loads(ready.read_text())["url"], 10, "t")
         assert client.execute("id -u", shell=True)["output"].strip() == str(lease.uid)
+        assert client.execute("pwd", shell=True)["output"].strip() == str(home)  # cwd kept
         marker = repo / f"confined-{os.getpid()}"
         for outside in (marker, Path("/root/confined-x")):
             assert client.execute(f"touch {outside}", shell=True)["returncode"] != 0

@@ -9,7 +9,9 @@ The base policy runs as a Serve deployment (``policy`` section; frozen, no weigh
 plays with the rollout workers' prompt; scripted episodes need no Serve app. Output, under
 ``<runs_dir>/<run_name>/``: ``transitions/*.parquet`` (schema: ``workflows.analyzer.transitions``;
 each shard holds whole episodes) and ``collect_summary.json``. A rerun skips the episodes
-already stored, so an interrupted collection resumes.
+already stored, so an interrupted collection resumes. On desktops (OSWorld-format tasks,
+``task_source.kind=osworld``): policy and expert episodes; annotate them with a model expert
+(the oracle reads MiniWoB's ground truth).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class EpisodeJob:
 
     @property
     def episode_id(self) -> str:
-        return f"{self.source}-{self.task['task']}-{self.task['seed']}-{self.index}"
+        return f"{self.source}-{self.task['task']}-{self.task.get('seed', 0)}-{self.index}"
 
 
 def episode_jobs(cfg: CollectConfig, tasks: list[dict[str, Any]]) -> list[EpisodeJob]:
@@ -67,7 +69,7 @@ def transition_rows(job: EpisodeJob, result: Any, model: str) -> list[dict[str, 
             "task_id": str(job.task["id"]),
             "task_name": str(job.task["task"]),
             "task_kind": str(job.task.get("kind", "")),
-            "task_seed": int(job.task["seed"]),
+            "task_seed": int(job.task.get("seed", 0)),  # OSWorld tasks: one instance each
             "step_index": s.step_index,
             "num_steps": result.num_steps,
             "instruction": result.instruction,
@@ -179,27 +181,42 @@ def collect_style(cfg: PipelineConfig) -> Any:
 
 
 def _agent_factory(cfg: PipelineConfig, handle: Any) -> Callable[[EpisodeJob], Any]:
-    from env_client.scripted import solve, wrong
+    from env_client.scripted import wrong
     from workflows.analyzer.oracle import mismatch_plan
-    from workflows.common.episodes import PolicyAgent, ScriptedAgent
+    from workflows.common.episodes import PolicyAgent, ScriptedAgent, expert_agent
 
-    planners = {"expert": solve, "wrong": wrong, "mismatch": mismatch_plan}
+    planners = {"wrong": wrong, "mismatch": mismatch_plan}
     style = collect_style(cfg)
 
     def make(job: EpisodeJob) -> Any:
         if job.source == "policy":
             return PolicyAgent(handle, cfg.policy.model_path, style)
+        if job.source == "expert":
+            return expert_agent("scripted-expert", job.task, style)
         return ScriptedAgent(f"scripted-{job.source}", planners[job.source], style)
 
     return make
 
 
+# Collect settings that read MiniWoB's ground truth (the DOM behind the page).
+_NEED_TRUTH = ("wrong_episodes", "mismatch_episodes")
+
+
 def plan(cfg: PipelineConfig) -> tuple[list[EpisodeJob], list[EpisodeJob]]:
     """(all episode jobs, those not stored yet)."""
-    from env_client.tasks import load_tasks
+    from env_client.tasks.sources import make_task_source
 
     c = cfg.collect
-    jobs = episode_jobs(c, select_tasks(load_tasks(c.split), c.tasks, c.seeds_per_task))
+    if cfg.task_source.kind != "miniwob":
+        used = [f"collect.{k}={getattr(c, k)}" for k in _NEED_TRUTH if getattr(c, k)]
+        if used:
+            raise ValueError(
+                f"{', '.join(used)}: these read MiniWoB's ground truth, which "
+                f"{cfg.task_source.kind} tasks do not have; set them to 0 (policy and expert "
+                "episodes work on every task source)"
+            )
+    tasks = make_task_source(cfg.task_source).tasks(c.split)
+    jobs = episode_jobs(c, select_tasks(tasks, c.tasks, c.seeds_per_task))
     stored = stored_episodes(cfg.run_dir / TRANSITIONS_DIR)
     return jobs, [j for j in jobs if j.episode_id not in stored]
 
@@ -236,7 +253,8 @@ async def _play_all(
             def play() -> Any:
                 return play_episode(
                     client, job.task, make_agent(job), style, max_steps=c.max_steps,
-                    pause_s=c.pause_s, record=True, ground_truth=c.ground_truth,
+                    pause_s=c.pause_s, record=True,
+                    ground_truth=c.ground_truth and job.task.get("env") == "miniwob",
                 )  # fmt: skip
 
             return lambda: play_with_retries(play, c.episode_retries, job.episode_id)

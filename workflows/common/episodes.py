@@ -14,6 +14,7 @@ most ``limit`` at once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -23,7 +24,7 @@ from typing import Any, Protocol, TypeVar
 from env_client.actions import Action
 from env_client.client import EnvClient, Session
 from env_client.errors import EnvError
-from env_client.observation import StepResult
+from env_client.observation import StepResult, png_size
 from env_client.scripted import NoPlan
 from serve_apps.prompting.styles import AgentStyle, Screen
 
@@ -111,6 +112,56 @@ class ScriptedAgent:
         if text is None:
             raise NoPlan(f"{self.name}: {self.plan[step].name} cannot be said in this style")
         return text
+
+
+class PlanAgent:
+    """Replays a plan that needs no ground truth (a desktop task's expert:
+    ``env_client.desktop.experts.expert_plan``), made for the screen size of the first
+    observation, each action said as the policy's style would say it, with the plan's pause
+    after each step."""
+
+    needs_truth = False
+
+    def __init__(
+        self,
+        name: str,
+        make_plan: Callable[[int, int], list[tuple[Action, float]]],
+        style: AgentStyle,
+    ) -> None:
+        self.name = name
+        self.make_plan = make_plan
+        self.style = style
+        self.plan: list[tuple[Action, float]] = []
+
+    def start(self, truth: dict[str, Any] | None) -> None:
+        self.plan = []
+
+    def pause_after(self, step: int) -> float:
+        return self.plan[step][1] if step < len(self.plan) else 0.0
+
+    async def respond(
+        self, instruction: str, screens: list[Screen], history: list[str], step: int
+    ) -> str | None:
+        if step == 0:
+            self.plan = self.make_plan(*png_size(screens[-1].png))
+        if step >= len(self.plan):
+            return None
+        text = self.style.render(self.plan[step][0], screens[-1])
+        if text is None:
+            raise NoPlan(f"{self.name}: {self.plan[step][0].name} cannot be said in this style")
+        return text
+
+
+def expert_agent(name: str, task: dict[str, Any], style: AgentStyle) -> Agent:
+    """The scripted expert of the task's environment: MiniWoB's, planned from the ground truth
+    at reset, or a desktop (OSWorld-format) task's, from the built-in experts file."""
+    if task.get("env") == "osworld":
+        from env_client.desktop.experts import expert_plan
+
+        return PlanAgent(name, functools.partial(expert_plan, str(task["task"])), style)
+    from env_client.scripted import solve
+
+    return ScriptedAgent(name, solve, style)
 
 
 @dataclass
@@ -204,7 +255,9 @@ async def play_episode(
                 break
             before = screens[-1]
             action = style.parse(response, before)
-            result = await sess.act(action, pause=pause_s)
+            # A plan may need longer after a step (a desktop expert after saving a file).
+            pause = max(pause_s, getattr(agent, "pause_after", lambda _: 0.0)(i))
+            result = await sess.act(action, pause=pause)
             after = Screen(
                 result.observation.screenshot or b"", result.observation.accessibility_tree
             )

@@ -35,7 +35,7 @@ class CollectConfig(_Strict):
 
     split: str = Field("train", description="Task split episodes are drawn from.")
     tasks: list[str] | None = Field(
-        None, description="MiniWoB task names to use (None: every task of the split)."
+        None, description="Task names to use (None: every task of the split)."
     )
     seeds_per_task: int = Field(
         4, ge=1, description="Task instances (seeds) per task name, the split's first seeds."
@@ -260,7 +260,9 @@ class PipelineConfig(_Strict):
     )
     task_source: TaskSourceConfig = Field(
         default_factory=TaskSourceConfig,
-        description="Tasks of evaluate (collect and the oracle need MiniWoB's ground truth).",
+        description="Tasks of collect and evaluate: the embedded MiniWoB list or OSWorld task "
+        "files (e.g. the built-in desktop set with env.embedded.backend=desktop). The oracle "
+        "annotator and collect's wrong/mismatch episodes need MiniWoB's ground truth.",
     )
 
     @property

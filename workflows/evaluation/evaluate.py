@@ -8,7 +8,8 @@ checkpoints compared in one report.
 Each checkpoint is deployed in turn as a frozen policy Serve app and plays every task instance
 of the split once per run (at most ``evaluate.max_steps`` ≤ 50 steps); run r samples with its
 own seeds, so runs are independent and reproducible. ``evaluate.reference_expert`` adds the
-scripted expert as a column (embedded environment; checks the harness). Outputs in
+scripted expert as a column (MiniWoB's from the ground truth, the built-in desktop tasks' from
+their experts file; checks the harness). Outputs in
 ``<run_dir>/<evaluate.out_name>/``: ``report.md``, ``report.json`` (every episode's outcome
 too), ``pass_at_1.png`` (grouped bars per task kind, error bars = std over runs).
 """
@@ -132,13 +133,12 @@ def evaluate_checkpoint(
 def evaluate_expert(
     cfg: PipelineConfig, env_url: str, tasks: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    from env_client.scripted import solve
     from serve_apps.prompting.styles import make_style
-    from workflows.common.episodes import ScriptedAgent
+    from workflows.common.episodes import expert_agent
 
     style = make_style(cfg.policy.agent_style, cfg.evaluate.history_screens)
     return asyncio.run(
-        play_runs(cfg, env_url, EXPERT, lambda r, t: ScriptedAgent(EXPERT, solve, style), tasks)
+        play_runs(cfg, env_url, EXPERT, lambda r, t: expert_agent(EXPERT, t, style), tasks)
     )
 
 
@@ -164,7 +164,7 @@ def run(cfg: PipelineConfig) -> dict[str, Any]:
     report = aggregate(outcomes, labels)
     paths = {c.name: c.path for c in e.checkpoints}
     if e.reference_expert:
-        paths[EXPERT] = "env_client.scripted"
+        paths[EXPERT] = "env_client.scripted (MiniWoB) / env_client/tasks/desktop/experts.json"
     meta = {
         "split": e.split, "instances": len(tasks), "runs": e.runs, "max_steps": e.max_steps,
         "temperature": e.temperature, "paths": paths,
