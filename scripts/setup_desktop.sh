@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Opt-in set-up of the `desktop` environment backend (issue 14): the Debian packages a local
 # desktop session runs (Xvfb, a window manager, xdotool, a terminal, a text editor, a file
-# manager, LibreOffice Calc and Writer) and the Python libraries its evaluators read files
-# with. Not needed for the default tests; the desktop tests skip without it.
+# manager, LibreOffice Calc and Writer, an AT-SPI accessibility bus) and the Python libraries
+# its evaluators and accessibility trees use. Not needed for the default tests; the desktop
+# tests skip without it.
 #
 #     bash scripts/setup_desktop.sh          # idempotent: a second run checks and returns
 #
@@ -30,6 +31,11 @@ declare -A NEED=(
 missing=()
 for bin in "${!NEED[@]}"; do
     command -v "$bin" >/dev/null || missing+=("${NEED[$bin]}")
+done
+# Accessibility trees (DesktopConfig.atspi): a private AT-SPI bus and registry per desktop, the
+# GTK bridge that exports the apps' widgets, and LibreOffice's GTK UI (its X11 one exports none).
+for pkg in dbus-daemon at-spi2-core libatk-adaptor libreoffice-gtk3; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
     say "installing ${missing[*]} (once; a few minutes)"
@@ -59,9 +65,10 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 
 if [ -x "$VENV/bin/python" ]; then
-    if ! "$VENV/bin/python" -c "import openpyxl, docx" 2>/dev/null; then
-        say "installing openpyxl, python-docx into $VENV"
-        "$VENV/bin/python" -m pip install -q --disable-pip-version-check openpyxl python-docx
+    if ! "$VENV/bin/python" -c "import openpyxl, docx, jeepney" 2>/dev/null; then
+        say "installing openpyxl, python-docx, jeepney into $VENV"
+        "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+            openpyxl==3.1.5 python-docx==1.2.0 jeepney==0.9.0
     fi
 else
     say "no virtualenv at $VENV yet: run scripts/setup.sh, then this script again"

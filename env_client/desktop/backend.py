@@ -205,9 +205,11 @@ class DesktopBackend:
 
 
 def _node_dict(node: Any) -> dict[str, Any]:
-    return {
-        "role": node.role,
-        "name": node.name,
-        "box": list(node.box),
-        "focused": node.focused,
-    }
+    out = {"role": node.role, "name": node.name, "box": list(node.box), "focused": node.focused}
+    if node.value is not None:
+        out["value"] = node.value
+    if node.checked is not None:
+        out["checked"] = node.checked
+    if node.disabled:
+        out["disabled"] = True
+    return out

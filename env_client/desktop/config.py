@@ -74,7 +74,33 @@ class DesktopConfig(BaseModel):
         32 << 20, ge=1024, description="Largest file uploaded to or fetched from a desktop."
     )
     accessibility: bool = Field(
-        True, description="Send the window list as accessibility tree in every observation."
+        True,
+        description="Send an accessibility tree in every observation: the window list, then "
+        "(with atspi) the on-screen widgets of the apps.",
+    )
+    atspi: bool = Field(
+        True,
+        description="Local desktops: run an AT-SPI accessibility bus per desktop, so its GTK "
+        "apps (Mousepad, PCManFM; LibreOffice with office_ui=gtk3) export their widgets "
+        "(buttons, menus, text fields with their text, spreadsheet cells in view) into the "
+        "tree. Needs at-spi2-core, libatk-adaptor and the jeepney package "
+        "(scripts/setup_desktop.sh); without them the tree is the window list.",
+    )
+    atspi_timeout_s: float = Field(
+        1.5, gt=0, le=30, description="One tree read at most this long; what was read by then "
+        "is sent.",
+    )  # fmt: skip
+    atspi_max_nodes: int = Field(
+        300, ge=1, le=5000, description="At most this many AT-SPI nodes per tree."
+    )
+    office_ui: Literal["gen", "gtk3"] = Field(
+        "gen",
+        description="LibreOffice's UI toolkit on local desktops (SAL_USE_VCLPLUGIN). gen "
+        "(plain X11) exports no widgets over AT-SPI: LibreOffice windows are in the tree as "
+        "windows only. gtk3 (package libreoffice-gtk3) exports them, spreadsheet cells in view "
+        "included, for about +95 MiB and +0.6 s of CPU per LibreOffice; but on these desktops "
+        "it loses some synthetic key presses (an Enter right after ctrl+End in Writer was lost "
+        "in 2 of 3 runs, so the writer-append-paragraph expert fails), hence not the default.",
     )
     task_files_roots: list[str] = Field(
         default_factory=list,

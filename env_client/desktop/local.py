@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
 import json
 import logging
 import os
@@ -60,6 +61,11 @@ from env_client.desktop.confine import (
 log = logging.getLogger(__name__)
 TAG_VAR = "CSD_DESKTOP_TAG"
 REQUIRED_BINARIES = ("Xvfb", "xdotool", "wmctrl", *WRAPPERS)
+# AT-SPI (cfg.atspi): the accessibility bus's config and the registry, from at-spi2-core.
+A11Y_CONF = Path("/usr/share/defaults/at-spi2/accessibility.conf")
+REGISTRYD = Path("/usr/libexec/at-spi2-registryd")
+LO_GTK3 = Path("/usr/lib/libreoffice/program/libvclplug_gtk3lo.so")
+_warned: set[str] = set()
 
 # LibreOffice settings of the template profile: no first-start and tip dialogs, no "keep
 # format?" question on saving .xlsx/.docx (it would make ctrl+s a two-step action), no
@@ -83,6 +89,26 @@ def missing_binaries(cfg: DesktopConfig) -> list[str]:
     """Programs a local desktop needs that are not on PATH (the WM included)."""
     need = [*REQUIRED_BINARIES, cfg.window_manager[0]]
     return [b for b in need if shutil.which(b) is None]
+
+
+def atspi_missing() -> list[str]:
+    """What AT-SPI trees need and this machine lacks ([] when all is there)."""
+    missing = [] if shutil.which("dbus-daemon") else ["dbus-daemon"]
+    missing += [str(p) for p in (A11Y_CONF, REGISTRYD) if not p.exists()]
+    if importlib.util.find_spec("jeepney") is None:
+        missing.append("the Python package jeepney")
+    return missing
+
+
+def atspi_ready(cfg: DesktopConfig) -> bool:
+    """Whether local desktops of ``cfg`` get AT-SPI trees."""
+    return cfg.atspi and cfg.accessibility and not atspi_missing()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
 
 
 def lo_registry() -> str:
@@ -156,6 +182,7 @@ class LocalDesktop:
         self.lease: UserLease | None = None  # the pool user the desktop's processes run as
         self.user: tuple[int, int] | None = None  # its (uid, gid)
         self.conf: Confinement | None = None  # that user + the desktop's namespaces
+        self.a11y_bus: Path | None = None  # the socket of its AT-SPI bus, once started
 
     # --- start -------------------------------------------------------------------------
 
@@ -178,6 +205,7 @@ class LocalDesktop:
             self._fresh_home()
             self._start_x()
             self._start_namespace()
+            self._start_atspi()
             self._start_wm()
             self._start_server()
             self._prewarm()
@@ -197,15 +225,26 @@ class LocalDesktop:
             XDG_CACHE_HOME=str(self.home / ".cache"),
             XDG_DATA_HOME=str(self.home / ".local" / "share"),
             XDG_RUNTIME_DIR=str(tmp / "runtime"),
-            # No session bus or accessibility bus: apps would start daemons outside the group.
+            # No session bus: apps would start daemons of their own outside the group.
             DBUS_SESSION_BUS_ADDRESS="disabled:",
-            NO_AT_BRIDGE="1",
-            SAL_USE_VCLPLUGIN="gen",  # LibreOffice's X11 UI: no GTK/dbus start-up cost
+            SAL_USE_VCLPLUGIN=self.office_ui(),
             **{TAG_VAR: self.tag},
         )
+        if self.a11y_bus is not None:
+            env["AT_SPI_BUS_ADDRESS"] = f"unix:path={self.a11y_bus}"
+        else:  # no bus of its own: the apps' AT-SPI bridges would look for (and start) one
+            env["NO_AT_BRIDGE"] = "1"
         if self.display:
             env["DISPLAY"] = self.display
         return env
+
+    def office_ui(self) -> str:
+        """LibreOffice's VCL plugin on this desktop (``cfg.office_ui``; gen when gtk3 is
+        asked for but not installed)."""
+        if self.cfg.office_ui == "gtk3" and not LO_GTK3.exists():
+            _warn_once(f"office_ui gtk3: {LO_GTK3} missing (package libreoffice-gtk3); using gen")
+            return "gen"
+        return self.cfg.office_ui
 
     def _fresh_home(self) -> None:
         template = prepare_template(self.folder.parent, self.cfg.warm_office_profile)
@@ -269,6 +308,31 @@ class LocalDesktop:
             self.lease.uid, self.lease.gid, holder.pid, self.cfg.desktop_network
         )
 
+    def _start_atspi(self) -> None:
+        """The desktop's own accessibility bus and AT-SPI registry (``cfg.atspi``), as its
+        user; the socket lies in the session folder, outside what a revert renews."""
+        if not atspi_ready(self.cfg):
+            if self.cfg.atspi and self.cfg.accessibility:
+                _warn_once(f"AT-SPI trees off (window lists only): missing {atspi_missing()}; "
+                           "run scripts/setup_desktop.sh")  # fmt: skip
+            return
+        folder = self.folder / "a11y"
+        folder.mkdir(mode=0o700)
+        if self.user is not None:
+            os.chown(folder, *self.user)
+        bus = folder / "bus"
+        argv = ["dbus-daemon", f"--config-file={A11Y_CONF}", "--nofork"]
+        self._spawn([*argv, f"--address=unix:path={bus}"], "a11y")
+        deadline = time.monotonic() + self.cfg.start_timeout_s
+        while not bus.exists():
+            if time.monotonic() > deadline:
+                raise DesktopStartError(
+                    f"the accessibility bus did not start; see {self.folder}/a11y.log"
+                )
+            time.sleep(0.02)
+        self.a11y_bus = bus
+        self._spawn([str(REGISTRYD)], "a11y")  # env() now names the bus
+
     def _log(self, name: str) -> int:
         return os.open(self.folder / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
@@ -318,6 +382,12 @@ class LocalDesktop:
         ]
         if self.conf is not None:
             argv.append(f"--confine={self.conf.flag()}")
+        if self.a11y_bus is not None:
+            argv += [
+                f"--atspi-bus=unix:path={self.a11y_bus}",
+                f"--atspi-timeout={self.cfg.atspi_timeout_s}",
+                f"--atspi-max-nodes={self.cfg.atspi_max_nodes}",
+            ]
         proc = self._spawn_server(argv)
         deadline = time.monotonic() + self.cfg.start_timeout_s
         while not ready.exists():

@@ -8,7 +8,8 @@ client code (:mod:`env_client.desktop.vmclient`)::
         --width 1024 --height 768 --ready-file ready.json
 
 Routes (OSWorld's names and bodies): ``GET /screenshot`` (PNG), ``GET /accessibility``
-(``{"AT": xml}``; here the window list in the embedded tree format), ``POST /execute`` and
+(``{"AT": xml}``; here the window list in the embedded tree format, then with ``--atspi-bus``
+the apps' on-screen widgets, :mod:`env_client.desktop.atspi`), ``POST /execute`` and
 ``/setup/execute`` (``{"command", "shell"}`` → ``{"status", "output", "error",
 "returncode"}``), ``POST /file`` (form ``file_path`` → bytes), ``POST /setup/upload``
 (multipart ``file_path``, ``file_data``), ``POST /setup/launch``, ``/setup/open_file``,
@@ -52,6 +53,7 @@ from typing import Any
 
 from env_client.a11y import to_xml
 from env_client.commands import CommandError
+from env_client.desktop.atspi import AtspiReader, Limits
 from env_client.desktop.confine import Confinement, confined
 from env_client.desktop.program import parse_program, program_of_execute
 from env_client.desktop.xinput import XInput
@@ -83,6 +85,10 @@ class Desktop:
         self.input_lock = threading.Lock()  # one program at a time drives the pointer
         self.conf = Confinement.parse(args.confine) if args.confine else None
         self.user = (self.conf.uid, self.conf.gid) if self.conf else None
+        self.atspi: AtspiReader | None = None
+        if args.atspi_bus:
+            limits = Limits(timeout_s=args.atspi_timeout, max_nodes=args.atspi_max_nodes)
+            self.atspi = AtspiReader(args.atspi_bus, limits)
 
     # --- paths -------------------------------------------------------------------------
 
@@ -165,8 +171,10 @@ class Desktop:
         self.launched.append(proc)
         return proc
 
-    def windows(self) -> list[dict[str, Any]]:
-        """Top-level windows: id, title, box (wmctrl -lG)."""
+    def windows(self, frames: bool = False) -> list[dict[str, Any]]:
+        """Top-level windows: id, title, box (wmctrl -lG). wmctrl's box is the client area
+        shifted by the frame's left and top extents; with ``frames`` each box is the whole
+        window as drawn (title bar and borders included, from _NET_FRAME_EXTENTS)."""
         done = subprocess.run(
             ["wmctrl", "-lG"], env=self.env, capture_output=True, timeout=10, check=False
         )
@@ -177,8 +185,26 @@ class Desktop:
                 continue
             wid, _, x, y, w, h = parts[:6]
             title = parts[7] if len(parts) == 8 else ""
-            found.append({"id": int(wid, 16), "name": title, "box": [x, y, w, h]})
+            box = [int(x), int(y), int(w), int(h)]
+            if frames:
+                left, right, top, bottom = self.frame_extents(wid)
+                box = [box[0] - 2 * left, box[1] - 2 * top, box[2] + left + right,
+                       box[3] + top + bottom]  # fmt: skip
+            found.append({"id": int(wid, 16), "name": title, "box": box})
         return found
+
+    def frame_extents(self, wid: str) -> tuple[int, int, int, int]:
+        """(left, right, top, bottom) of the window manager's frame around window ``wid``."""
+        done = subprocess.run(
+            ["xprop", "-id", wid, "_NET_FRAME_EXTENTS"],
+            env=self.env, capture_output=True, timeout=10, check=False,
+        )  # fmt: skip
+        values = done.stdout.decode(errors="replace").partition("=")[2].split(",")
+        try:
+            left, right, top, bottom = (int(v) for v in values)
+        except ValueError:  # undecorated, or gone meanwhile
+            return 0, 0, 0, 0
+        return left, right, top, bottom
 
     def wait_window(self, before: set[int], hint: str, title_grace_s: float = 3.0) -> bool:
         """Wait until a window named like ``hint`` is there, or a window that was not there
@@ -238,14 +264,11 @@ def screenshot(d: Desktop, req: Request) -> Reply:
 def accessibility(d: Desktop, req: Request) -> Reply:
     active = d.active_window()
     nodes = [
-        {
-            "role": "window",
-            "name": w["name"],
-            "box": [int(v) for v in w["box"]],
-            "focused": w["id"] == active,
-        }
-        for w in d.windows()
+        {"role": "window", "name": w["name"], "box": w["box"], "focused": w["id"] == active}
+        for w in d.windows(frames=True)
     ]
+    if d.atspi is not None:
+        nodes += d.atspi.nodes(d.width, d.height)
     return _json({"AT": to_xml(nodes, d.width, d.height)})
 
 
@@ -458,6 +481,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="UID:GID:PID:NET (root only): every started process runs as UID:GID inside the "
         "namespaces of process PID, with its network namespace too unless NET is 1.",
     )
+    p.add_argument(
+        "--atspi-bus",
+        help="D-Bus address of the desktop's AT-SPI bus: the apps' widgets join the tree.",
+    )
+    p.add_argument("--atspi-timeout", type=float, default=1.5, help="One tree read, s.")
+    p.add_argument("--atspi-max-nodes", type=int, default=300)
     return p.parse_args(argv)
 
 

@@ -23,7 +23,14 @@ from env_client.commands import KeysOp, PointerOp, TypeOp
 from env_client.desktop.backend import DesktopBackend
 from env_client.desktop.config import DesktopConfig
 from env_client.desktop.experts import builtin_tasks, expert_steps, play
-from env_client.desktop.local import TAG_VAR, missing_binaries, tagged_pids
+from env_client.desktop.local import (
+    LO_GTK3,
+    TAG_VAR,
+    atspi_missing,
+    atspi_ready,
+    missing_binaries,
+    tagged_pids,
+)
 from env_client.desktop.local import user_pids as local_user_pids
 from env_client.desktop.setup import SetupError
 from env_client.observation import png_size
@@ -161,6 +168,44 @@ def test_observation_is_a_screenshot_of_the_display_and_a_window_tree(
         "out_of_bounds": 1,
         "unsupported_keys": ["launchapp1"],
     }
+
+
+def test_the_tree_holds_the_apps_widgets_from_atspi(backend: DesktopBackend) -> None:
+    """Mousepad's and LibreOffice Calc's widgets, read from the desktop's own AT-SPI bus: the
+    text being edited, menus inside the window, the spreadsheet cells in view."""
+    if backend.cfg.office_ui == "gtk3" or not LO_GTK3.exists():
+        pytest.skip("needs the gen default and libreoffice-gtk3 installed")
+    if not atspi_ready(backend.cfg):
+        pytest.skip(f"AT-SPI not installed ({atspi_missing()}): run scripts/setup_desktop.sh")
+    task = next(t for t in _all_tasks() if t["task"] == "te-append-line")
+    backend.reset(task)
+    nodes = backend.observe().nodes
+    window = next(n for n in nodes if n["role"] == "window" and "todo.txt" in n["name"])
+    text = next(n for n in nodes if n["role"] == "textbox" and "buy milk" in n.get("value", ""))
+    assert text["focused"], text
+    wx, wy, ww, wh = window["box"]
+    menus = [n for n in nodes if n["role"] == "menu" and n["name"] == "File"]
+    assert any(wx <= x < wx + ww and wy <= y < wy + wh for x, y, _, _ in (m["box"] for m in menus))
+    backend.perform([KeysOp(("ctrl", "end")), TypeOp("zebra crossing")])
+    nodes = backend.observe().nodes
+    assert any("zebra crossing" in n.get("value", "") for n in nodes if n["role"] == "textbox")
+
+    # LibreOffice exports its widgets with its GTK UI only (office_ui=gtk3, not the default).
+    calc = next(t for t in _all_tasks() if t["task"] == "calc-sum")
+    backend.reset(calc)
+    assert not [n for n in backend.observe().nodes if n["role"] == "cell"]
+    gtk = DesktopBackend(backend.cfg.model_copy(update={"office_ui": "gtk3"}), 1)
+    try:
+        gtk.start()
+        gtk.reset(calc)
+        started = time.monotonic()
+        nodes = gtk.observe().nodes
+        took = time.monotonic() - started
+    finally:
+        gtk.close()
+    cells = {n["name"]: n.get("value") for n in nodes if n["role"] == "cell"}
+    assert cells.get("A1") == "Item" and cells.get("B2") == "10", cells
+    print(f"Calc (gtk3) observation: {len(nodes)} nodes, {len(cells)} cells, {took:.2f} s")
 
 
 def test_app_crash_mid_episode_scores_zero_and_the_desktop_recovers(

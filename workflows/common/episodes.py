@@ -143,7 +143,9 @@ class PlanAgent:
         self, instruction: str, screens: list[Screen], history: list[str], step: int
     ) -> str | None:
         if step == 0:
-            self.plan = self.make_plan(*png_size(screens[-1].png))
+            size = png_size(screens[-1].png)
+            # Plans are in screen pixels: without a screenshot there is nothing to plan on.
+            self.plan = self.make_plan(*size) if size else []
         if step >= len(self.plan):
             return None
         text = self.style.render(self.plan[step][0], screens[-1])
