@@ -7,6 +7,7 @@ as they are.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -59,8 +60,9 @@ def init_ray(cfg: RayClusterConfig | None = None, runtime_env: dict | None = Non
     quiet_ray_env()
     if not ray.is_initialized():
         address = cfg.address or os.environ.get("RAY_ADDRESS")
-        env = {"env_vars": {k: os.environ[k] for k in _WORKER_ENV if k in os.environ}}
+        env: dict = {"env_vars": {k: os.environ[k] for k in _WORKER_ENV if k in os.environ}}
         env.update(runtime_env or {})
+        env.setdefault("worker_process_setup_hook", WORKER_SETUP_HOOK)
         if address:
             # Under `ray job submit --runtime-env-json '{"env_vars": …}'` Ray refuses a driver
             # runtime env that names the same fields unless told to combine them.
@@ -76,6 +78,33 @@ def init_ray(cfg: RayClusterConfig | None = None, runtime_env: dict | None = Non
                 runtime_env=env,
             )
     DataContext.get_current().enable_progress_bars = False
+
+
+WORKER_SETUP_HOOK = "workflows.common.ray_cluster.quiet_worker_logs"
+# Ray Train's PlacementGroupCleaner asks the State API every second whether the training
+# controller still lives, and warns each time it cannot; the State API is served by the
+# dashboard, which a local cluster here runs without: a warning a second for every training run.
+_NOISY_LOGGERS = {
+    "ray.train.v2._internal.execution.controller.placement_group_cleaner": logging.ERROR
+}
+# Every train worker logs each ray.train.report at INFO with its whole metrics dict (~2 KB a
+# step, the job's own progress line says it in one); that logger is named by its file's path.
+_NOISY_RAY_FILES = {"train/v2/_internal/execution/context.py": logging.WARNING}
+
+
+def noisy_loggers() -> dict[str, int]:
+    """Logger name → the lowest level it may still print at, for the worker set-up hook."""
+    import ray
+
+    root = os.path.dirname(ray.__file__)
+    files = {os.path.join(root, path): level for path, level in _NOISY_RAY_FILES.items()}
+    return _NOISY_LOGGERS | files
+
+
+def quiet_worker_logs() -> None:
+    """Ray's worker set-up hook: raise the noisy loggers' levels in every worker."""
+    for name, level in noisy_loggers().items():
+        logging.getLogger(name).setLevel(level)
 
 
 _WORKER_ENV = (
