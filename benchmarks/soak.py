@@ -273,12 +273,28 @@ class RayCluster:
                "--include-dashboard=true", f"--dashboard-port={self.dashboard_port}",
                f"--dashboard-agent-listen-port={free_port()}",
                f"--temp-dir={self.temp_dir}", "--disable-usage-stats"]  # fmt: skip
-        with (self.folder / "ray_start.log").open("ab") as log:
-            subprocess.run(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, check=True)
+        # Token mode needs a token before `ray start`: on a fresh machine (no earlier local
+        # ray.init) there is none, and `ray start` refuses. `--generate` writes one only then.
+        self._run_logged([self.ray, "get-auth-token", "--generate"], "ray get-auth-token", True)
+        self._run_logged(cmd, "ray start")
         from ray.job_submission import JobSubmissionClient
 
         wait_for(lambda: bool(JobSubmissionClient(self.dashboard)), 300, "Ray dashboard", 2.0)
         self.jobs = JobSubmissionClient(self.dashboard)
+
+    def _run_logged(self, cmd: list[str], what: str, secret_stdout: bool = False) -> None:
+        """Run a Ray CLI command into ray_start.log; on failure, raise with the log's tail, so
+        the soak's report says why (the command line alone does not). A secret stdout (the
+        token) is dropped, never logged."""
+        log_path = self.folder / "ray_start.log"
+        with log_path.open("ab") as log:
+            log.write(f"$ {' '.join(cmd)}\n".encode())
+            log.flush()
+            out = subprocess.DEVNULL if secret_stdout else log
+            rc = subprocess.run(cmd, env=self.env, stdout=out, stderr=log).returncode
+        if rc != 0:
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-8:]
+            raise RuntimeError(f"{what} exited {rc}; {log_path} ends:\n" + "\n".join(tail))
 
     def actors(self, class_prefix: str) -> list[dict[str, Any]]:
         from ray.util.state import list_actors
