@@ -23,3 +23,21 @@ def test_the_worker_setup_hook_resolves_and_quiets_the_noisy_loggers() -> None:
     hook()
     levels = {n: logging.getLogger(n).getEffectiveLevel() for n in noisy_loggers()}
     assert levels == noisy_loggers()
+
+
+def test_the_hook_silences_only_the_named_dependency_deprecations() -> None:
+    import warnings
+
+    from workflows.common.ray_cluster import quiet_worker_logs
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_worker_logs()
+        warnings.warn(
+            "`torch.distributed.all_gather_into_tensor` is deprecated. Please use …",
+            FutureWarning,
+            stacklevel=1,
+        )
+        warnings.warn("`ExecutionOptions.exclude_resources` is deprecated", UserWarning, 1)
+        warnings.warn("something else is deprecated", FutureWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["something else is deprecated"]

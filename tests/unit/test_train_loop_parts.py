@@ -292,3 +292,12 @@ def test_lineage_steps_merge_across_ranks_and_every_kind_is_carried(tmp_path: Pa
     assert read_lineage(tmp_path) == merged and lineage_ids(merged) == set("abcde")
     assert read_lineages(tmp_path)["sft"] == [{"step": 1, "ids": ["s"]}]
     assert read_lineages(tmp_path / "nowhere") == {} and read_lineage(None) == []
+
+
+def test_an_sft_progress_line_names_the_run_step_loss_and_time_left() -> None:
+    from train_loops.loop import progress_line
+
+    metrics = {"loss/total": 0.41234, "step_time": 1.2, "time/data_wait": 0.3}
+    line = progress_line("bc_sft", 100, 400, metrics)
+    assert line == "[train bc_sft] step 100/400 loss 0.4123 1.50 s/step, about 7.5 min left"
+    assert progress_line("x", 400, 400, metrics).endswith("about 0.0 min left")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -88,8 +89,15 @@ _NOISY_LOGGERS = {
     "ray.train.v2._internal.execution.controller.placement_group_cleaner": logging.ERROR
 }
 # Every train worker logs each ray.train.report at INFO with its whole metrics dict (~2 KB a
-# step, the job's own progress line says it in one); that logger is named by its file's path.
+# step; the job's progress line, or an SFT run's `[train …]` line, says it in one); that logger
+# is named by its file's path.
 _NOISY_RAY_FILES = {"train/v2/_internal/execution/context.py": logging.WARNING}
+# Deprecations raised inside our dependencies, not by our calls, once per train worker and
+# Ray Data actor of every fit: DeepSpeed's ZeRO-2 gathers, Ray Train's dataset options.
+NOISY_WARNINGS = (
+    r"`torch\.distributed\.all_gather_into_tensor` is deprecated",
+    r"`ExecutionOptions\.exclude_resources` is deprecated",
+)
 
 
 def noisy_loggers() -> dict[str, int]:
@@ -105,6 +113,8 @@ def quiet_worker_logs() -> None:
     """Ray's worker set-up hook: raise the noisy loggers' levels in every worker."""
     for name, level in noisy_loggers().items():
         logging.getLogger(name).setLevel(level)
+    for message in NOISY_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
 
 
 _WORKER_ENV = (
