@@ -223,6 +223,7 @@ class Loop:
         )
         self._last_checkpoint_step = self.state.step
         self._last_report = time.monotonic()
+        self._losses: list[float] = []  # per-step losses since the last progress line
         self.lineages = read_lineages(start.source)  # every kind's, carried along
         self._since: list[dict[str, Any]] = []  # this rank's {step, ids} since the checkpoint
         self.dynamic = rollout_batches(args)
@@ -294,6 +295,7 @@ class Loop:
             )
         metrics.update({"train/step": self.state.step, "train/version": self.state.version})
         self.metrics_log.write(metrics)
+        self._losses.append(metrics.get("loss/total", float("nan")))
         return metrics
 
     def _micro(self, rows: Sequence[Row]) -> MicroStep:
@@ -343,7 +345,9 @@ class Loop:
             ray.train.report(metrics)
             self._last_report = time.monotonic()
         if report and self.rank == 0 and self.args.kind == "sft":
-            print(progress_line(self.args.run_name, step, self.cfg.max_steps, metrics), flush=True)
+            mean = {**metrics, "loss/total": sum(self._losses) / max(len(self._losses), 1)}
+            print(progress_line(self.args.run_name, step, self.cfg.max_steps, mean), flush=True)
+            self._losses.clear()
 
     def _checkpoint_and_report(self, metrics: dict[str, float]) -> None:
         import ray.train
@@ -421,9 +425,9 @@ def train_part(
 
 
 def progress_line(run: str, step: int, max_steps: int, metrics: dict[str, float]) -> str:
-    """An SFT run's line at each report: nothing else watches its metrics as it goes (the
-    online job's driver prints the RL trainer's), so without it a 10-minute behaviour cloning
-    is silent."""
+    """An SFT run's line at each report (loss: the mean since the last line). Nothing else
+    watches an SFT run's metrics as it goes (the online job's driver prints the RL trainer's),
+    so without it a 10-minute behaviour cloning is silent."""
     loss = metrics.get("loss/total", float("nan"))
     per_step = metrics.get("step_time", 0.0) + metrics.get("time/data_wait", 0.0)
     eta_min = max(max_steps - step, 0) * per_step / 60

@@ -50,6 +50,10 @@ def quiet_ray_env() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # Ray Train replaces print in its workers with a root-logger call that also writes to the
+    # redirected stdout: every line a train worker prints (the SFT progress line, DeepSpeed's)
+    # reached the console twice. Ray Train passes this variable on to its workers.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
 
 
 def init_ray(cfg: RayClusterConfig | None = None, runtime_env: dict | None = None) -> None:
