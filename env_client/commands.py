@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import inspect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from env_client.actions import normalize_key
@@ -27,6 +27,24 @@ MAX_ABS_COORD = 100_000
 
 class CommandError(ValueError):
     """A command outside the whitelist; the message says what and where."""
+
+
+@dataclass
+class StepInfo:
+    """What happened to one step's operations (the step's ``info``), in a browser or on a
+    desktop; zero counts and empty lists are left out of :meth:`as_dict`."""
+
+    applied: int = 0
+    out_of_bounds: int = 0
+    ignored_after_done: int = 0
+    unsupported_keys: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"applied": self.applied}
+        for name in ("out_of_bounds", "ignored_after_done", "unsupported_keys"):
+            if value := getattr(self, name):
+                d[name] = value
+        return d
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import subprocess
 import time
-from dataclasses import dataclass, field
-from typing import Any
 
-from env_client.commands import KeysOp, PointerOp, ScrollOp, SleepOp, TypeOp
+from env_client.commands import KeysOp, PointerOp, ScrollOp, SleepOp, StepInfo, TypeOp
 from env_client.desktop.program import DesktopOp, HoldOp
 
 _BUTTONS = {"left": "1", "middle": "2", "right": "3"}
@@ -110,23 +108,6 @@ def keysym(name: str) -> str | None:
     return _KEYSYMS.get(name)
 
 
-@dataclass
-class OpsResult:
-    """What happened to a program's operations (the step's ``info``)."""
-
-    applied: int = 0
-    out_of_bounds: int = 0
-    unsupported_keys: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"applied": self.applied}
-        if self.out_of_bounds:
-            d["out_of_bounds"] = self.out_of_bounds
-        if self.unsupported_keys:
-            d["unsupported_keys"] = self.unsupported_keys
-        return d
-
-
 class XInput:
     """Performs operations on ``display`` (a screen of ``width`` x ``height`` pixels)."""
 
@@ -135,8 +116,8 @@ class XInput:
         self.width, self.height = width, height
         self.type_delay_ms = type_delay_ms
 
-    def perform(self, ops: list[DesktopOp]) -> OpsResult:
-        result = OpsResult()
+    def perform(self, ops: list[DesktopOp]) -> StepInfo:
+        result = StepInfo()
         for op in ops:
             result.applied += int(self._apply(op, result))
         return result
@@ -149,7 +130,7 @@ class XInput:
             return True
         return 0 <= x < self.width and 0 <= y < self.height
 
-    def _apply(self, op: DesktopOp, result: OpsResult) -> bool:
+    def _apply(self, op: DesktopOp, result: StepInfo) -> bool:
         if isinstance(op, SleepOp):
             time.sleep(op.seconds)
             return True
@@ -186,7 +167,7 @@ class XInput:
         if chunk:
             self._xdo("type", "--delay", str(self.type_delay_ms), "--", chunk)
 
-    def _keys_known(self, op: KeysOp | HoldOp, result: OpsResult) -> bool:
+    def _keys_known(self, op: KeysOp | HoldOp, result: StepInfo) -> bool:
         names = op.keys if isinstance(op, KeysOp) else (op.name,) if op.device == "key" else ()
         bad = [k for k in names if keysym(k) is None]
         result.unsupported_keys.extend(bad)

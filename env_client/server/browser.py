@@ -13,11 +13,11 @@ import io
 import logging
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from env_client.commands import KeysOp, Op, PointerOp, ScrollOp, SleepOp, TypeOp
+from env_client.commands import KeysOp, Op, PointerOp, ScrollOp, SleepOp, StepInfo, TypeOp
 from env_client.config import EmbeddedEnvConfig
 from env_client.server.dom_js import A11Y_JS, DEBUG_JS, NO_COVER_JS, PAGE_READY_JS
 from env_client.server.orphans import browser_env
@@ -75,26 +75,6 @@ class RawObservation:
     png: bytes
     nodes: list[dict[str, Any]]
     meta: dict[str, Any]
-
-
-@dataclass
-class StepInfo:
-    """What happened to one step's operations."""
-
-    applied: int = 0
-    out_of_bounds: int = 0
-    ignored_after_done: int = 0
-    unsupported_keys: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"applied": self.applied}
-        if self.out_of_bounds:
-            d["out_of_bounds"] = self.out_of_bounds
-        if self.ignored_after_done:
-            d["ignored_after_done"] = self.ignored_after_done
-        if self.unsupported_keys:
-            d["unsupported_keys"] = self.unsupported_keys
-        return d
 
 
 class MiniWoBBrowser:
