@@ -275,7 +275,9 @@ class RayCluster:
                f"--temp-dir={self.temp_dir}", "--disable-usage-stats"]  # fmt: skip
         # Token mode needs a token before `ray start`: on a fresh machine (no earlier local
         # ray.init) there is none, and `ray start` refuses. `--generate` writes one only then.
-        self._run_logged([self.ray, "get-auth-token", "--generate"], "ray get-auth-token", True)
+        self._run_logged(
+            [self.ray, "get-auth-token", "--generate"], "ray get-auth-token", secret_stdout=True
+        )
         self._run_logged(cmd, "ray start")
         from ray.job_submission import JobSubmissionClient
 

@@ -295,8 +295,12 @@ class Loop:
             )
         metrics.update({"train/step": self.state.step, "train/version": self.state.version})
         self.metrics_log.write(metrics)
-        self._losses.append(metrics.get("loss/total", float("nan")))
+        if self._prints_progress():
+            self._losses.append(metrics.get("loss/total", float("nan")))
         return metrics
+
+    def _prints_progress(self) -> bool:
+        return self.rank == 0 and self.args.kind == "sft"
 
     def _micro(self, rows: Sequence[Row]) -> MicroStep:
         out = self.objective.micro_step(self.engine, rows)
@@ -344,7 +348,7 @@ class Loop:
         elif report:
             ray.train.report(metrics)
             self._last_report = time.monotonic()
-        if report and self.rank == 0 and self.args.kind == "sft":
+        if report and self._prints_progress():
             mean = {**metrics, "loss/total": sum(self._losses) / max(len(self._losses), 1)}
             print(progress_line(self.args.run_name, step, self.cfg.max_steps, mean), flush=True)
             self._losses.clear()
