@@ -26,18 +26,10 @@ stamp="$VENV/.computersd-installed"
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     say "installing Python dependencies into $VENV (first time: a few minutes; torch comes from local disk)"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 \
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile -e '.[dev]' 2>&1 \
         | grep -v -E "^WARNING: Location 'file:" || true
     DS_ACCELERATOR=cpu "$VENV/bin/python" -c "import torch, torchvision, ray, transformers, deepspeed, miniwob" 2>/dev/null \
         || { say "dependency check failed"; exit 1; }
     echo "$want" > "$stamp"
-fi
-# DeepSpeed's CPU comm op is JIT-compiled at first use (~1 minute, ~1.5 GiB): once, here, into
-# $VENV/torch_extensions (train_loops.engine.cpu_op_env), not inside the first job's trainer.
-if [ ! -f "$VENV/torch_extensions/deepspeed_shm_comm/deepspeed_shm_comm.so" ]; then
-    say "building DeepSpeed's CPU comm op (once, about a minute)"
-    "$VENV/bin/python" -c "from train_loops.engine import prebuild_cpu_ops; prebuild_cpu_ops()" \
-        >"$VENV/torch_extensions.log" 2>&1 \
-        || { say "DeepSpeed op build failed; see $VENV/torch_extensions.log"; exit 1; }
 fi
 say "ready: $VENV ($("$VENV/bin/python" -c 'import torch, ray, transformers; print(f"torch {torch.__version__}, ray {ray.__version__}, transformers {transformers.__version__}")'))"

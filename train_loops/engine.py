@@ -17,17 +17,17 @@ import torch
 from train_loops.config import OptimConfig, TrainerConfig
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-CPU_COMM_OP = "ShareMemCommBuilder"  # what DeepSpeed's CPU accelerator JIT-builds for gloo
+# The op DeepSpeed's CPU accelerator JIT-compiles when its comm backend starts.
+SHM_COMM_OP = "deepspeed_shm_comm"
 
 
 def cpu_op_env() -> None:
-    """Where and how DeepSpeed's CPU ops are JIT-built (caller's settings win).
+    """Where and how DeepSpeed's CPU ops are JIT-built (caller's settings win), should one be.
 
     Per interpreter prefix (the virtualenv): torch keys its build cache on the include paths, so
     two checkouts sharing ``~/.cache/torch_extensions`` rebuild over each other's op on every
     switch. Always the virtualenv's ninja (a DeepSpeed dependency) first on PATH: Debian's
-    ninja 1.11 and pip's 1.13 each take the other's build log as stale, so whether a process
-    rebuilt depended on whether its PATH had the virtualenv activated. One compiler at a time:
+    ninja 1.11 and pip's 1.13 each take the other's build log as stale. One compiler at a time:
     two parallel ``cc1plus`` took 3 GiB, a third of the embedded job's memory budget.
     """
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
@@ -38,15 +38,19 @@ def cpu_op_env() -> None:
         os.environ["PATH"] = bin_dir + os.pathsep + path
 
 
-def prebuild_cpu_ops() -> None:
-    """Build (or find built) the op DeepSpeed's CPU accelerator loads at its first
-    ``initialize``, so a job's trainer start does not pay the compile (about a minute on 2
-    cores; ``scripts/setup.sh`` calls this once)."""
-    cpu_op_env()
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from deepspeed.accelerator import get_accelerator
+def skip_shm_comm_op() -> None:
+    """Keep DeepSpeed's comm backend from compiling its shared-memory op in this process.
 
-    get_accelerator().create_op_builder(CPU_COMM_OP).load()
+    On the CPU accelerator every comm backend start compiles ``deepspeed_shm_comm`` (about a
+    minute and 1.5 GiB on 2 cores, once per virtualenv) and uses it only for
+    ``inference_all_reduce``, the tensor-parallel inference path; training reduces through
+    ``torch.distributed`` (gloo) either way. DeepSpeed keeps its op compatibility table as one
+    module-level dict that it reads at that start, so marking the op unavailable there is
+    enough. Call before ``deepspeed.initialize``.
+    """
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
 
 
 def ds_config(trainer: TrainerConfig, optim: OptimConfig | None) -> dict[str, Any]:

@@ -58,6 +58,7 @@ from train_loops.engine import (
     init_engine,
     init_reference,
     load_model,
+    skip_shm_comm_op,
 )
 from train_loops.jsonl import JsonlWriter
 from train_loops.lineage import read_lineages, write_lineages
@@ -140,6 +141,7 @@ def _prepare_process(trainer: TrainerConfig) -> None:
     if not trainer.use_gpu:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         cpu_op_env()
+        skip_shm_comm_op()
         torch.set_num_threads(max(1, int(trainer.cpus_per_worker)))
     torch.manual_seed(trainer.seed)
 

@@ -40,12 +40,13 @@ def _worker(rank: int, store: str, out: str, sizes: list[int]) -> None:
     import torch
     import torch.distributed as dist
 
-    from train_loops.engine import cpu_op_env
+    from train_loops.engine import cpu_op_env, skip_shm_comm_op
     from train_loops.loop import train_part
     from workflows.online_rl.batches import deal
 
     os.environ.update(DS_ACCELERATOR="cpu", RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
     cpu_op_env()
+    skip_shm_comm_op()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     import deepspeed
