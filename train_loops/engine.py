@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,21 @@ def skip_shm_comm_op() -> None:
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
+
+
+def cpu_autocast(trainer: TrainerConfig) -> AbstractContextManager[Any]:
+    """The context a micro-step's forward and backward run in: bf16 autocast on CPU when
+    ``trainer.cpu_autocast`` asks for it and the CPU computes bf16 natively, else nothing
+    (oneDNN emulates bf16 on older CPUs, slower than fp32)."""
+    if trainer.cpu_autocast == "off":
+        return nullcontext()
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        warnings.warn(
+            "trainer.cpu_autocast='bf16': this CPU has no native bf16, training in fp32",
+            stacklevel=2,
+        )
+        return nullcontext()
+    return torch.autocast("cpu", dtype=torch.bfloat16)
 
 
 def ds_config(trainer: TrainerConfig, optim: OptimConfig | None) -> dict[str, Any]:

@@ -34,7 +34,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -53,6 +53,7 @@ from train_loops.checkpoint import (
 from train_loops.config import RLTrainConfig, SFTTrainConfig, TrainerConfig
 from train_loops.engine import (
     TORCH_DTYPES,
+    cpu_autocast,
     cpu_op_env,
     full_state_dict,
     init_engine,
@@ -269,7 +270,10 @@ class Loop:
         if self.dynamic:
             world = self.state.world_size
             means = {}
-            sums = train_part(self.engine, self.objective, rows, self.cfg.micro_batch_size, world)
+            sums = train_part(
+                self.engine, self.objective, rows, self.cfg.micro_batch_size, world,
+                lambda: cpu_autocast(self.cfg),
+            )  # fmt: skip
             self.state.samples_seen += int(rows[0]["batch_real"])
         else:
             outs = [self._micro(chunk) for chunk in _chunks(rows, self.cfg.micro_batch_size)]
@@ -305,7 +309,8 @@ class Loop:
         return self.rank == 0 and self.args.kind == "sft"
 
     def _micro(self, rows: Sequence[Row]) -> MicroStep:
-        out = self.objective.micro_step(self.engine, rows)
+        with cpu_autocast(self.cfg):
+            out = self.objective.micro_step(self.engine, rows)
         self.engine.backward(out.loss)
         self.engine.step()  # applies the update only at the accumulation boundary
         return out
@@ -400,7 +405,12 @@ def _merge_steps(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def train_part(
-    engine: Any, objective: Objective, rows: list[Row], micro: int, world: int
+    engine: Any,
+    objective: Objective,
+    rows: list[Row],
+    micro: int,
+    world: int,
+    precision: Callable[[], AbstractContextManager[Any]] = nullcontext,
 ) -> dict[str, float]:
     """One rank's part of a rollout batch: its micro-batches accumulate into one update.
 
@@ -420,7 +430,8 @@ def train_part(
     for i, chunk in enumerate(chunks):
         real = [r for r in chunk if r["weight"] > 0]
         engine.set_gradient_accumulation_boundary(i == len(chunks) - 1)
-        out = objective.micro_step(engine, real or chunk)
+        with precision():
+            out = objective.micro_step(engine, real or chunk)
         engine.backward(out.loss * (len(real) / micro * size / batch_real))
         engine.step()
         for key, value in out.metrics.items():

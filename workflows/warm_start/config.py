@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -90,7 +91,11 @@ class BCConfig(_Strict):
     steps: int = Field(400, ge=1, description="Optimizer steps.")
     trainer: TrainerConfig = Field(
         default_factory=lambda: cpu_trainer(
-            samples_per_step=16, micro_batch_size=4, checkpoint_every=100_000, report_every=50
+            samples_per_step=16,
+            micro_batch_size=4,
+            checkpoint_every=100_000,
+            report_every=50,
+            cpu_autocast="bf16",
         ),
         description="Ray Train + DeepSpeed layout; max_steps is set from `steps`.",
     )
@@ -117,6 +122,9 @@ class AnalyzerBuildConfig(_Strict):
     wrong_episodes: int = Field(1, ge=0, description="Scripted mistake episodes per instance.")
     epochs: float = Field(6.0, gt=0, description="SFT passes over the annotations.")
     lr: float = Field(1e-3, gt=0, description="SFT learning rate.")
+    cpu_autocast: Literal["off", "bf16"] = Field(
+        "bf16", description="The SFT's trainer.cpu_autocast (bf16: ~1.5x faster on CPUs with bf16)."
+    )
 
 
 class WarmStartConfig(_Strict):
