@@ -80,3 +80,26 @@ def test_environment_references(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("RUN_NAME_FOR_TEST")
     with pytest.raises(ConfigError, match=r"name = '.*RUN_NAME_FOR_TEST.*is not set"):
         load_config(Outer, path)
+
+
+class Tuned(BaseModel):
+    """A section whose default (its factory's) differs from its class's bare defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+    inner: Inner = Field(default_factory=lambda: Inner(lr=0.5, kind="b"))
+    nested: Outer | None = None
+
+
+def test_override_inside_an_absent_section_keeps_that_sections_default() -> None:
+    cfg = load_config(Tuned, None, ["inner.lr=0.25"])
+    assert cfg.inner.lr == 0.25 and cfg.inner.kind == "b"  # not Inner()'s "a"
+    cfg = load_config(Tuned, None, ["nested.inner.kind=b"])  # default None: class defaults
+    assert cfg.nested is not None and cfg.nested.inner.kind == "b" and cfg.nested.name == "x"
+
+
+def test_warm_start_trainer_override_keeps_the_cpu_layout() -> None:
+    from workflows.warm_start.config import load
+
+    trainer = load(overrides=["bc.trainer.zero_stage=0"]).bc.trainer
+    assert (trainer.zero_stage, trainer.num_workers, trainer.use_gpu) == (0, 2, False)
+    assert trainer.cpu_autocast == "bf16"

@@ -52,20 +52,47 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
-def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Set each dotted key in a nested dict (creating intermediate dicts)."""
+def apply_overrides(
+    data: dict[str, Any], overrides: Sequence[str], model: type[BaseModel] | None = None
+) -> dict[str, Any]:
+    """Set each dotted key in a nested dict (creating intermediate dicts).
+
+    With ``model``, a section that the data does not give starts from that field's default
+    (e.g. ``bc.trainer.zero_stage=0`` keeps the rest of ``bc.trainer``'s default, a CPU
+    layout), not from an empty mapping that would validate as the class's bare defaults."""
     for text in overrides:
         keys, value = parse_override(text)
-        node = data
+        node, where = data, model
         for k in keys[:-1]:
             child = node.get(k)
             if child is None:
-                child = node[k] = {}
+                child = node[k] = _default_section(where, k)
             if not isinstance(child, dict):
                 raise ConfigError(f"override {text!r}: {k!r} is a value, not a section")
-            node = child
+            node, where = child, _section_model(where, k)
         node[keys[-1]] = value
     return data
+
+
+def _default_section(model: type[BaseModel] | None, name: str) -> dict[str, Any]:
+    """The default of field ``name`` of ``model`` as a mapping ({} if it has none)."""
+    field = None if model is None else model.model_fields.get(name)
+    if field is None or field.is_required():
+        return {}
+    default = field.get_default(call_default_factory=True)
+    return default.model_dump(mode="json") if isinstance(default, BaseModel) else {}
+
+
+def _section_model(model: type[BaseModel] | None, name: str) -> type[BaseModel] | None:
+    """The config class of field ``name`` (also inside ``X | None``), if it is one."""
+    field = None if model is None else model.model_fields.get(name)
+    if field is None:
+        return None
+    candidates = [field.annotation, *getattr(field.annotation, "__args__", ())]
+    for c in candidates:
+        if isinstance(c, type) and issubclass(c, BaseModel):
+            return c
+    return None
 
 
 def expand_env(data: Any) -> Any:
@@ -137,7 +164,7 @@ def load_config(model: type[M], path: str | Path | None = None, overrides: Seque
         data = read_config_file(resolved)
     if overrides:
         source += " + overrides " + " ".join(overrides)
-    data = expand_env(apply_overrides(data, overrides))
+    data = expand_env(apply_overrides(data, overrides, model))
     try:
         return model.model_validate(data)
     except ValidationError as exc:
