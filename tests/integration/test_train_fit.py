@@ -216,3 +216,36 @@ def test_sft_phase_starts_from_the_rl_checkpoint(
     state = json.loads((path / "trainer_state.json").read_text())
     assert (state["kind"], state["step"], state["version"]) == ("sft", 3, 6)
     _load(path)
+
+
+def test_sft_under_zero_0_checkpoints_and_resumes_with_its_optimizer(
+    tiny_policy_path: Path, tmp_path: Path
+) -> None:
+    """ZeRO-0 (plain data parallel; the fastest CPU layout for small models) keeps the same
+    checkpoint contract as ZeRO-2: weights that load, and optimizer state that a resume restores."""
+    from train_loops.sample_maker import make_sft_samples
+    from train_loops.trainers import build_sft_trainer
+
+    rows = make_sft_samples(str(tiny_policy_path), n=8)
+
+    def fit(max_steps: int, resume_from: Any) -> Any:
+        cfg = SFTTrainConfig(
+            trainer=cpu_trainer(
+                max_steps=max_steps, checkpoint_every=10, zero_stage=0, cycle_data=True
+            ),
+            optim=OptimConfig(lr=3e-3),
+        )
+        data = {"train": ray.data.from_arrow(to_sft_table(rows))}
+        return build_sft_trainer(
+            cfg, tiny_policy_path, data, None, tmp_path, resume_from=resume_from
+        ).fit()
+
+    first = fit(2, None)
+    assert first.checkpoint is not None
+    second = fit(4, first.checkpoint)
+    assert second.checkpoint is not None
+    starts = [e for e in _jsonl(tmp_path / EVENTS_FILE) if e["event"] == "start"]
+    assert [(e["step"], e["restored_optimizer"]) for e in starts] == [(0, False), (2, True)]
+    state = json.loads((Path(second.checkpoint.path) / "trainer_state.json").read_text())
+    assert (state["step"], state["zero_stage"]) == (4, 0)
+    _load(second.checkpoint.path)
