@@ -62,37 +62,26 @@ def apply_overrides(
     layout), not from an empty mapping that would validate as the class's bare defaults."""
     for text in overrides:
         keys, value = parse_override(text)
-        node, where = data, model
-        for k in keys[:-1]:
+        node = data
+        for i, k in enumerate(keys[:-1]):
             child = node.get(k)
             if child is None:
-                child = node[k] = _default_section(where, k)
+                child = node[k] = _default_section(model and _model_at(model, keys[:i]), k)
             if not isinstance(child, dict):
                 raise ConfigError(f"override {text!r}: {k!r} is a value, not a section")
-            node, where = child, _section_model(where, k)
+            node = child
         node[keys[-1]] = value
     return data
 
 
-def _default_section(model: type[BaseModel] | None, name: str) -> dict[str, Any]:
-    """The default of field ``name`` of ``model`` as a mapping ({} if it has none)."""
-    field = None if model is None else model.model_fields.get(name)
+def _default_section(model: Any, name: str) -> dict[str, Any]:
+    """The default of field ``name`` of the config class ``model`` as a mapping ({} if it has
+    none, or ``model`` is not a config class)."""
+    field = getattr(model, "model_fields", {}).get(name)
     if field is None or field.is_required():
         return {}
     default = field.get_default(call_default_factory=True)
     return default.model_dump(mode="json") if isinstance(default, BaseModel) else {}
-
-
-def _section_model(model: type[BaseModel] | None, name: str) -> type[BaseModel] | None:
-    """The config class of field ``name`` (also inside ``X | None``), if it is one."""
-    field = None if model is None else model.model_fields.get(name)
-    if field is None:
-        return None
-    candidates = [field.annotation, *getattr(field.annotation, "__args__", ())]
-    for c in candidates:
-        if isinstance(c, type) and issubclass(c, BaseModel):
-            return c
-    return None
 
 
 def expand_env(data: Any) -> Any:
@@ -173,14 +162,20 @@ def load_config(model: type[M], path: str | Path | None = None, overrides: Seque
 
 def _fields_at(model: type[BaseModel], loc: Sequence[Any]) -> list[str] | None:
     """Field names of the (nested) config model at ``loc``; None where it is not a model."""
+    fields = getattr(_model_at(model, loc), "model_fields", None)
+    return sorted(fields) if fields is not None else None
+
+
+def _model_at(model: type[BaseModel], loc: Sequence[Any]) -> Any:
+    """The annotation of the (nested) field at ``loc``: a config class, another type, or None
+    where the path leaves the config classes."""
     current: Any = model
     for part in loc:
         fields = getattr(current, "model_fields", None)
         if fields is None or part not in fields:
             return None
         current = fields[part].annotation
-    fields = getattr(current, "model_fields", None)
-    return sorted(fields) if fields is not None else None
+    return current
 
 
 def config_from_cli(

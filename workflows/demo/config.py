@@ -178,7 +178,7 @@ def load_demo_config(
 ) -> DemoConfig:
     """A job config file (path or bundled name) + overrides → a validated DemoConfig."""
     path = resolve_config_path(config)
-    data = expand_env(apply_overrides(demo_data(read_config_file(path)), overrides))
+    data = expand_env(apply_overrides(demo_data(read_config_file(path)), overrides, DemoConfig))
     source = str(path) + (" + overrides " + " ".join(overrides) if overrides else "")
     try:
         return DemoConfig.model_validate(data)
