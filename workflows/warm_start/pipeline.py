@@ -42,7 +42,8 @@ def analyzer_pipeline_config(cfg: WarmStartConfig, env: Any, work: Path) -> Pipe
         train=AnalyzerTrainConfig(
             base_model=str(policy), epochs=a.epochs, holdout_frac=0.2,
             trainer=cpu_trainer(samples_per_step=16, micro_batch_size=4, checkpoint_every=100_000,
-                                report_every=50, cpu_autocast=a.cpu_autocast),
+                                report_every=50, cpu_autocast=a.cpu_autocast,
+                                zero_stage=a.zero_stage),
             optim=OptimConfig(lr=a.lr, weight_decay=0.0),
         ),
     )  # fmt: skip
