@@ -200,6 +200,19 @@ def collate_sft(rows: Sequence[Row], encoder: ImageEncoder) -> SequenceBatch:
     return _sequences(rows, "target_ids", encoder)
 
 
+def sft_target_weights(rows: Sequence[Row], window: int) -> Tensor | None:
+    """[B, window] weights of the SFT target tokens, aligned like ``loss_mask`` (1 where a row
+    gives none); None when no row gives any (the plain token mean)."""
+    if all(r.get("target_weights") is None for r in rows):
+        return None
+    return right_aligned([_weights(r) for r in rows], window, 0.0, torch.float32)
+
+
+def _weights(row: Row) -> Sequence[float]:
+    w = row.get("target_weights")
+    return [1.0] * len(row["target_ids"]) if w is None else w
+
+
 def _sequences(rows: Sequence[Row], response_field: str, encoder: ImageEncoder) -> SequenceBatch:
     return build_sequence_batch(
         [r["prompt_ids"] for r in rows],

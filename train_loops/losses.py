@@ -295,12 +295,20 @@ def rl_loss(
     return total, metrics
 
 
-def sft_loss(logprobs: Tensor, loss_mask: Tensor) -> tuple[Tensor, Metrics]:
+def sft_loss(
+    logprobs: Tensor, loss_mask: Tensor, weights: Tensor | None = None
+) -> tuple[Tensor, Metrics]:
     """Cross-entropy on target tokens: per-sample token mean of ``-log π_θ(y_t | c)``.
 
-    logprobs: [B, T] with grad; loss_mask: [B, T] bool, True on target tokens.
+    logprobs: [B, T] with grad; loss_mask: [B, T] bool, True on target tokens; weights: [B, T]
+    token weights or None. With weights each sample's mean is ``Σ w_t·nll_t / Σ w_t`` over its
+    kept tokens, so a sample still counts once while its heavy tokens dominate it.
     """
     mask = keep_finite(loss_mask, logprobs)
     nll = -masked(logprobs, mask)
-    loss = per_sample_token_mean(nll, mask)
+    if weights is None:
+        loss = per_sample_token_mean(nll, mask)
+    else:
+        w = masked(weights.to(nll.dtype), mask)
+        loss = sample_mean((w * nll).sum(-1) / w.sum(-1).clamp(min=1e-8))
     return loss, {"loss/sft": float(loss.detach()), "loss/total": float(loss.detach())}

@@ -20,6 +20,7 @@ from train_loops.batching import (
     collate_sft,
     response_logprobs,
     right_aligned,
+    sft_target_weights,
 )
 from train_loops.config import LossConfig
 from train_loops.losses import (
@@ -157,5 +158,8 @@ class SFTObjective:
         require_fields(rows, SFT_FIELDS, "SFT")
         batch = collate_sft(rows, self.encoder).to(self.device, self.dtype)
         logprobs, entropy = response_logprobs(model, batch, with_entropy=True)
-        loss, metrics = sft_loss(logprobs, batch.loss_mask)
+        weights = sft_target_weights(rows, batch.window)
+        if weights is not None:
+            weights = weights.to(self.device)
+        loss, metrics = sft_loss(logprobs, batch.loss_mask, weights)
         return MicroStep(loss, _with_entropy(metrics, entropy, batch), batch.num_tokens)

@@ -142,7 +142,8 @@ def read_parquet(paths: str | Path | Iterable[str | Path]) -> list[dict[str, Any
 # pads expanded by the processor), ``target_ids`` the answer tokens that follow it (including
 # the end-of-turn token if the model should learn to stop), ``screenshots`` the context's PNG
 # images in prompt order. ``source`` says where the example came from (``"analyzer"``,
-# ``"entropulse"``, ...), for bookkeeping only.
+# ``"entropulse"``, ...), for bookkeeping only. ``target_weights`` (optional, null: all 1) weighs
+# each target token in its sample's mean, e.g. the analyzer's verdict digits over the rest.
 SFT_SAMPLE_SCHEMA = pa.schema(
     [
         pa.field("sample_id", pa.string(), nullable=False),
@@ -150,16 +151,19 @@ SFT_SAMPLE_SCHEMA = pa.schema(
         pa.field("prompt_ids", pa.list_(pa.int32()), nullable=False),
         pa.field("target_ids", pa.list_(pa.int32()), nullable=False),
         pa.field("screenshots", pa.list_(pa.binary()), nullable=False),
+        pa.field("target_weights", pa.list_(pa.float32()), nullable=True),
     ],
-    metadata={"computersd.schema": "sft_sample/1"},
+    metadata={"computersd.schema": "sft_sample/2"},
 )
 
 SFT_SAMPLE_FIELDS: tuple[str, ...] = tuple(SFT_SAMPLE_SCHEMA.names)
+SFT_OPTIONAL_FIELDS = ("target_weights",)
 
 
 def validate_sft_sample(row: Mapping[str, Any]) -> None:
-    """Check an SFT row: exact field set, a non-empty prompt and a non-empty target."""
-    missing = [f for f in SFT_SAMPLE_FIELDS if f not in row]
+    """Check an SFT row: known fields, a non-empty prompt and target, one finite non-negative
+    weight per target token (when weights are given) with a positive sum."""
+    missing = [f for f in SFT_SAMPLE_FIELDS if f not in row and f not in SFT_OPTIONAL_FIELDS]
     if missing:
         raise SampleError(f"SFT sample {row.get('sample_id')!r} lacks fields {missing}")
     extra = sorted(set(row) - set(SFT_SAMPLE_FIELDS))
@@ -168,13 +172,26 @@ def validate_sft_sample(row: Mapping[str, Any]) -> None:
     for name in ("prompt_ids", "target_ids"):
         if len(row[name]) == 0:
             raise SampleError(f"SFT sample {row['sample_id']!r}: {name} is empty")
+    weights = row.get("target_weights")
+    if weights is not None:
+        if len(weights) != len(row["target_ids"]):
+            raise SampleError(
+                f"SFT sample {row['sample_id']!r}: target_weights has {len(weights)} values "
+                f"for {len(row['target_ids'])} target tokens"
+            )
+        if not all(0.0 <= w < float("inf") for w in weights) or sum(weights) <= 0:
+            raise SampleError(
+                f"SFT sample {row['sample_id']!r}: target_weights must be finite, >= 0 and "
+                f"not all 0, got {list(weights)[:8]}"
+            )
 
 
 def to_sft_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
     """SFT rows (dicts) → an Arrow table with the SFT schema, validated."""
     for row in rows:
         validate_sft_sample(row)
-    return pa.Table.from_pylist([dict(r) for r in rows], schema=SFT_SAMPLE_SCHEMA)
+    full = [{"target_weights": None, **r} for r in rows]
+    return pa.Table.from_pylist(full, schema=SFT_SAMPLE_SCHEMA)
 
 
 def sft_sample_from_step(row: Mapping[str, Any], source: str = "entropulse") -> dict[str, Any]:

@@ -96,3 +96,18 @@ def test_sft_sample_is_the_deployments_prompt_plus_answer(tiny_policy_path: Path
     assert tok.decode(row["target_ids"][:-1]) == item.annotation["text"]
     batch = collate_sft([row], ImageEncoder.from_pretrained(str(tiny_policy_path)))
     assert batch.num_tokens == len(row["target_ids"])
+
+
+def test_verdict_weight_lands_on_the_two_verdict_digits(tiny_policy_path: Path) -> None:
+    item = labeled("t", "e", 1, 0)
+    plain = SampleBuilder(str(tiny_policy_path), full_prompt=False).row(item)
+    assert "target_weights" not in plain  # weight 1: rows as before
+    row = SampleBuilder(str(tiny_policy_path), full_prompt=False, verdict_weight=8.0).row(item)
+    assert row["target_ids"] == plain["target_ids"]
+    from serve_apps.prompting.inputs import PromptEncoder
+
+    tok = PromptEncoder.from_pretrained(tiny_policy_path).tokenizer
+    heavy = [tok.decode([t]) for t, w in zip(row["target_ids"], row["target_weights"], strict=True)
+             if w == 8.0]  # fmt: skip
+    assert "".join(heavy).replace(" ", "") == "10"  # consistency 1, effectiveness 0
+    assert row["target_weights"].count(1.0) == len(row["target_ids"]) - len(heavy)

@@ -163,3 +163,44 @@ def test_sft_objective_trains_targets_only(tiny_policy_path: Path, encoder: Imag
     assert out.metrics["loss/sft"] > 0 and out.tokens == int(batch.loss_mask.sum())
     with pytest.raises(SampleError, match="lacks fields"):
         SFTObjective(encoder).micro_step(policy, [{"sample_id": "x", "prompt_ids": [1]}])
+
+
+def test_sft_target_weights_align_with_the_loss_mask(
+    tiny_policy_path: Path, encoder: ImageEncoder
+) -> None:
+    from train_loops.batching import sft_target_weights
+
+    rows = make_sft_samples(str(tiny_policy_path), n=2)
+    assert sft_target_weights(rows, 9) is None  # no row gives weights: the plain mean
+    n0 = len(rows[0]["target_ids"])
+    rows[0]["target_weights"] = [float(i + 2) for i in range(n0)]
+    batch = collate_sft(rows, encoder)
+    weights = sft_target_weights(rows, batch.window)
+    assert weights is not None and weights.shape == batch.loss_mask.shape
+    assert weights[0][batch.loss_mask[0]].tolist() == rows[0]["target_weights"]
+    assert set(weights[1][batch.loss_mask[1]].tolist()) == {1.0}
+    assert to_sft_table(rows).column("target_weights").null_count == 1
+    rows[1]["target_weights"] = [1.0]
+    with pytest.raises(SampleError, match="target_weights has 1 values"):
+        to_sft_table(rows)
+    rows[1]["target_weights"] = [-1.0] * len(rows[1]["target_ids"])
+    with pytest.raises(SampleError, match="target_weights must be finite, >= 0"):
+        to_sft_table(rows)
+
+
+def test_weighted_sft_objective_equals_the_plain_one_at_weight_1(
+    tiny_policy_path: Path, encoder: ImageEncoder
+) -> None:
+    from transformers import AutoModelForImageTextToText
+
+    policy = AutoModelForImageTextToText.from_pretrained(str(tiny_policy_path)).eval()
+    rows = make_sft_samples(str(tiny_policy_path), n=2)
+    plain = SFTObjective(encoder).micro_step(policy, rows).metrics["loss/sft"]
+    ones = [{**r, "target_weights": [1.0] * len(r["target_ids"])} for r in rows]
+    assert SFTObjective(encoder).micro_step(policy, ones).metrics["loss/sft"] == pytest.approx(
+        plain, rel=1e-5
+    )
+    heavy = [{**r, "target_weights": [1.0] * (len(r["target_ids"]) - 1) + [100.0]} for r in rows]
+    assert SFTObjective(encoder).micro_step(policy, heavy).metrics["loss/sft"] != pytest.approx(
+        plain, rel=1e-3
+    )

@@ -442,3 +442,19 @@ def test_sft_loss_is_per_sample_mean_nll_on_targets() -> None:
     expected = ((math.log(2) + math.log(4)) / 2 + math.log(10)) / 2
     assert loss.item() == pytest.approx(expected, rel=1e-6)
     assert m["loss/sft"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_weighted_sft_loss_is_a_weighted_mean_per_sample() -> None:
+    lp = torch.tensor([[math.log(0.5), math.log(0.25)], [math.log(0.1), 0.0]], requires_grad=True)
+    mask = torch.tensor([[True, True], [True, False]])
+    plain, _ = sft_loss(lp, mask)
+    ones, _ = sft_loss(lp, mask, torch.ones(2, 2))
+    assert ones.item() == pytest.approx(plain.item(), rel=1e-6)
+    # Weight 3 on sample 0's second token; the masked slot's weight must not count.
+    loss, _ = sft_loss(lp, mask, torch.tensor([[1.0, 3.0], [1.0, 50.0]]))
+    first = (math.log(2) + 3 * math.log(4)) / 4
+    assert loss.item() == pytest.approx((first + math.log(10)) / 2, rel=1e-6)
+    loss.backward()
+    # Per token: -w_t / Σw / B, so the heavy token gets 3x the light one's gradient.
+    assert lp.grad[0].tolist() == pytest.approx([-1 / 8, -3 / 8])
+    assert lp.grad[1].tolist() == pytest.approx([-1 / 2, 0.0])

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -40,6 +41,8 @@ from workflows.common.pipeline_config import TRAINED_ANALYZER, PipelineConfig
 MODEL_DIR = "analyzer_model"
 SFT_RUN = "analyzer_sft"
 REPORT = "analyzer_report"
+VERDICT_VALUE = re.compile(r'"(consistency|effectiveness)"\s*:\s*(-?\d+)')
+"""The two verdict fields of an analyzer answer (METHOD.md §2); group 2 is the value."""
 
 
 @dataclass(frozen=True)
@@ -97,12 +100,19 @@ def transition_request(t: Mapping[str, Any]) -> dict[str, Any]:
 class SampleBuilder:
     """SFT samples whose prompts are token-for-token what the analyzer deployment builds."""
 
-    def __init__(self, model_path: str, full_prompt: bool, target_prefix: str = "") -> None:
+    def __init__(
+        self,
+        model_path: str,
+        full_prompt: bool,
+        target_prefix: str = "",
+        verdict_weight: float = 1.0,
+    ) -> None:
         from serve_apps.prompting.inputs import PromptEncoder
 
         self.encoder = PromptEncoder.from_pretrained(model_path)
         self.full_prompt = full_prompt
         self.target_prefix = target_prefix
+        self.verdict_weight = verdict_weight
 
     def prompt_ids(self, t: Mapping[str, Any]) -> list[int]:
         from serve_apps.prompting.analyzer import analyzer_messages
@@ -118,15 +128,34 @@ class SampleBuilder:
     def target_ids(self, answer: str) -> list[int]:
         return self.encoder.answer_ids(self.target_prefix + answer)
 
+    def target_weights(self, answer: str) -> list[float]:
+        """1 per target token, ``verdict_weight`` on the tokens that spell the consistency
+        and effectiveness values (found by character offsets, so any tokenizer works)."""
+        text = self.target_prefix + answer
+        enc = self.encoder.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = self.target_ids(answer)
+        if list(enc["input_ids"]) != ids[: len(enc["input_ids"])]:
+            raise ValueError(f"tokenizer offsets disagree with the target ids of {answer!r}")
+        spans = [m.span(2) for m in VERDICT_VALUE.finditer(text)]
+        weights = [1.0] * len(ids)
+        for i, (a, b) in enumerate(enc["offset_mapping"]):
+            if any(a < end and start < b for start, end in spans):
+                weights[i] = self.verdict_weight
+        return weights
+
     def row(self, item: Labeled) -> dict[str, Any]:
         t = item.transition
-        return {
+        answer = item.annotation["text"]
+        row = {
             "sample_id": t["transition_id"],
             "source": "analyzer",
             "prompt_ids": self.prompt_ids(t),
-            "target_ids": self.target_ids(item.annotation["text"]),
+            "target_ids": self.target_ids(answer),
             "screenshots": [t["screenshot_before"], t["screenshot_after"]],
         }
+        if self.verdict_weight != 1.0:
+            row["target_weights"] = self.target_weights(answer)
+        return row
 
 
 def planned_steps(cfg: PipelineConfig, num_train: int) -> int:
@@ -273,7 +302,9 @@ def train(cfg: PipelineConfig, train_set: list[Labeled]) -> tuple[Path, dict[str
     from workflows.common.pipeline import resolve_model_path
 
     base = resolve_model_path(cfg.train.base_model or cfg.policy.model_path, "policy")
-    builder = SampleBuilder(base, cfg.analyzer.full_system_prompt, cfg.train.target_prefix)
+    builder = SampleBuilder(
+        base, cfg.analyzer.full_system_prompt, cfg.train.target_prefix, cfg.train.verdict_weight
+    )
     rows = [builder.row(it) for it in train_set]
     random.Random(cfg.seed).shuffle(rows)
     stats = _token_stats(rows)

@@ -166,6 +166,14 @@ class AnalyzerTrainConfig(_Strict):
         description="Text before the JSON in the target (e.g. '</think>\\n\\n' for chat "
         "templates that open a thinking block in the generation prompt).",
     )
+    verdict_weight: float = Field(
+        1.0,
+        ge=1.0,
+        le=1000.0,
+        description="Weight of the consistency and effectiveness digits in each answer's token "
+        "mean (1: a plain mean, where the two tokens the gate reads are ~4% of a 50-token "
+        "answer and the guide text dominates the loss).",
+    )
     trainer: TrainerConfig = Field(
         default_factory=lambda: cpu_trainer(checkpoint_every=1000),
         description="Ray Train + DeepSpeed layout; max_steps is replaced by the derived one.",

@@ -131,6 +131,13 @@ class AnalyzerBuildConfig(_Strict):
     zero_stage: Literal[0, 1, 2] = Field(
         0, description="The SFT's trainer.zero_stage (0: nothing to shard at this model size)."
     )
+    verdict_weight: float = Field(
+        1.0,
+        ge=1.0,
+        le=1000.0,
+        description="The SFT's train.verdict_weight: weight of the consistency/effectiveness "
+        "digits in each answer's token mean.",
+    )
 
 
 class WarmStartConfig(_Strict):

@@ -41,6 +41,7 @@ def analyzer_pipeline_config(cfg: WarmStartConfig, env: Any, work: Path) -> Pipe
         ),
         train=AnalyzerTrainConfig(
             base_model=str(policy), epochs=a.epochs, holdout_frac=0.2,
+            verdict_weight=a.verdict_weight,
             trainer=cpu_trainer(samples_per_step=16, micro_batch_size=4, checkpoint_every=100_000,
                                 report_every=50, cpu_autocast=a.cpu_autocast,
                                 zero_stage=a.zero_stage),
