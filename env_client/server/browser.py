@@ -39,6 +39,10 @@ CHROME_FLAGS = (
     "--mute-audio",
     "--hide-scrollbars",
     "--force-device-scale-factor=1",
+    # The network service and the (disabled) GPU process inside the browser process: two
+    # processes fewer per browser, 880 vs 951 MB PSS for 4 browsers on a MiniWoB page.
+    "--enable-features=NetworkServiceInProcess2",
+    "--in-process-gpu",
     # The viewport must hold the 160x210 task area; new headless takes ~140 px of the window.
     "--window-size=600,500",
 )
