@@ -132,12 +132,12 @@ class AnalyzerBuildConfig(_Strict):
         0, description="The SFT's trainer.zero_stage (0: nothing to shard at this model size)."
     )
     verdict_weight: float = Field(
-        30.0,
+        1.0,
         ge=1.0,
         le=1000.0,
         description="The SFT's train.verdict_weight: weight of the consistency/effectiveness "
-        "digits in each answer's token mean (1, 10, 30 on one build's data: held-out d 50%, "
-        "63%, 69% against a 53% majority answer).",
+        "digits in each answer's token mean. 1 (a plain mean): weights 10 and 30 helped on one "
+        "build's data and hurt on another's (README, the warm start).",
     )
 
 
