@@ -141,6 +141,13 @@ class TrainerConfig(BaseModel):
         "its size: rank r reads its part of it from the 'train_rank<r>' dataset (parts padded "
         "to whole micro-batches with zero-weight rows; a batch left empty is not dealt: no step).",
     )
+    updates_per_batch: int = Field(
+        1,
+        ge=1,
+        description="With schedule=rollout_batch: optimizer updates taken on each rollout "
+        "batch (PPO epochs; the authors take 1). Later updates reuse the batch off-policy, so "
+        "the ratio must be anchored on the behaviour log-probs, whose clip bounds the move.",
+    )
     micro_batch_size: int = Field(
         1, ge=1, description="Samples per forward/backward on one worker (our choice)."
     )
@@ -200,6 +207,11 @@ class TrainerConfig(BaseModel):
                 f"samples_per_step={self.samples_per_step} must be a multiple of "
                 f"num_workers*micro_batch_size={per_round} so that every micro-batch is full "
                 "and the per-sample mean stays exact"
+            )
+        if self.updates_per_batch > 1 and self.schedule != "rollout_batch":
+            raise ValueError(
+                f"updates_per_batch={self.updates_per_batch} needs schedule='rollout_batch' "
+                f"(got {self.schedule!r}): a fixed-schedule step has no batch to revisit"
             )
         if not self.use_gpu and self.zero_stage == 3:
             raise ValueError("zero_stage=3 needs GPUs; use zero_stage<=2 with use_gpu=False")

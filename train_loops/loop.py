@@ -268,11 +268,10 @@ class Loop:
         # Over all rows: padding copies real rows of the batch, and every rank needs the keys.
         stale = staleness(rows, self.state.version)
         if self.dynamic:
-            world = self.state.world_size
             means = {}
-            sums = train_part(
-                self.engine, self.objective, rows, self.cfg.micro_batch_size, world,
-                lambda: cpu_autocast(self.cfg),
+            sums = train_batch(
+                self.engine, self.objective, rows, self.cfg.micro_batch_size,
+                self.state.world_size, self.cfg.updates_per_batch, lambda: cpu_autocast(self.cfg),
             )  # fmt: skip
             self.state.samples_seen += int(rows[0]["batch_real"])
         else:
@@ -402,6 +401,23 @@ def _merge_steps(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for line in lines:
         steps.setdefault(int(line["step"]), []).extend(line["ids"])
     return [{"step": k, "ids": sorted(v)} for k, v in sorted(steps.items())]
+
+
+def train_batch(
+    engine: Any,
+    objective: Objective,
+    rows: list[Row],
+    micro: int,
+    world: int,
+    updates: int = 1,
+    precision: Callable[[], AbstractContextManager[Any]] = nullcontext,
+) -> dict[str, float]:
+    """``updates`` optimizer updates on one rank's part of a rollout batch (PPO epochs; each
+    is :func:`train_part`). The metric sums are their means, so ``pg/clip_frac`` shows how far
+    the later updates moved off the behaviour policy; ``tokens`` and ``samples`` count the
+    batch once."""
+    parts = [train_part(engine, objective, rows, micro, world, precision) for _ in range(updates)]
+    return {key: sum(p[key] for p in parts) / updates for key in parts[0]}
 
 
 def train_part(

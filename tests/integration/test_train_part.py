@@ -1,6 +1,7 @@
 """One optimizer step per rollout batch on real DeepSpeed (ZeRO-2, two gloo ranks): each rank
 trains its dealt part (padding included) and the update is exactly plain SGD on the mean loss
-of the batch's real rows, whatever the batch size, also when a rank's part is all padding."""
+of the batch's real rows, whatever the batch size, also when a rank's part is all padding;
+with ``updates`` > 1 (PPO epochs) it is that many such SGD steps on the same batch."""
 
 from __future__ import annotations
 
@@ -36,12 +37,12 @@ def _rows(n: int) -> list[dict]:
     return [{"sample_id": f"s{i}", "x": [i * 0.5, 1.0 - i], "y": float(i % 3)} for i in range(n)]
 
 
-def _worker(rank: int, store: str, out: str, sizes: list[int]) -> None:
+def _worker(rank: int, store: str, out: str, sizes: list[tuple[int, int]]) -> None:
     import torch
     import torch.distributed as dist
 
     from train_loops.engine import cpu_op_env, skip_shm_comm_op
-    from train_loops.loop import train_part
+    from train_loops.loop import train_batch
     from workflows.online_rl.batches import deal
 
     os.environ.update(DS_ACCELERATOR="cpu", RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
@@ -65,10 +66,10 @@ def _worker(rank: int, store: str, out: str, sizes: list[int]) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     got = []
-    for seq, n in enumerate(sizes):
+    for seq, (n, updates) in enumerate(sizes):
         before = [p.detach().clone() for p in engine.module.parameters()]
         part = deal(_rows(n), seq, world=2, micro=2)[rank]
-        sums = train_part(engine, SquaredError(), part, micro=2, world=2)
+        sums = train_batch(engine, SquaredError(), part, micro=2, world=2, updates=updates)
         after = [p.detach().clone() for p in engine.module.parameters()]
         got.append({
             "delta": [(a - b).flatten().tolist() for a, b in zip(after, before, strict=True)],
@@ -79,8 +80,8 @@ def _worker(rank: int, store: str, out: str, sizes: list[int]) -> None:
     dist.destroy_process_group()
 
 
-def _expected_delta(before: list[list[float]], n: int) -> list[list[float]]:
-    """Plain torch: one SGD step on the mean squared error of the n real rows."""
+def _expected_delta(before: list[list[float]], n: int, updates: int) -> list[list[float]]:
+    """Plain torch: ``updates`` SGD steps on the mean squared error of the n real rows."""
     import torch
 
     model = torch.nn.Linear(2, 1)
@@ -90,26 +91,33 @@ def _expected_delta(before: list[list[float]], n: int) -> list[list[float]]:
     rows = _rows(n)
     x = torch.tensor([r["x"] for r in rows])
     y = torch.tensor([r["y"] for r in rows])
-    ((model(x).squeeze(-1) - y) ** 2).mean().backward()
-    return [(-LR * p.grad).flatten().tolist() for p in (model.weight, model.bias)]
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for _ in range(updates):
+        optimizer.zero_grad()
+        ((model(x).squeeze(-1) - y) ** 2).mean().backward()
+        optimizer.step()
+    return [
+        (p.detach() - torch.tensor(b).view_as(p)).flatten().tolist()
+        for p, b in zip((model.weight, model.bias), before, strict=True)
+    ]
 
 
-def test_each_rollout_batch_is_one_exact_mean_update_on_two_ranks(tmp_path: Path) -> None:
+def test_each_rollout_batch_is_exact_mean_updates_on_two_ranks(tmp_path: Path) -> None:
     import torch.multiprocessing as mp
 
     # 5 real rows → 8 with padding (2 micro-batches per rank); 1 → rank 1's part is all
-    # padding; 4 → no padding.
-    sizes = [5, 1, 4]
+    # padding; 4 → no padding; then 5 again with two updates on the batch.
+    sizes = [(5, 1), (1, 1), (4, 1), (5, 2)]
     mp.start_processes(
         _worker, args=(str(tmp_path / "store"), str(tmp_path), sizes), nprocs=2, join=True,
         start_method="spawn",
     )  # fmt: skip
     ranks = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
-    for step, n in enumerate(sizes):
+    for step, (n, updates) in enumerate(sizes):
         mine, theirs = ranks[0][step], ranks[1][step]
         for a, b in zip(mine["delta"], theirs["delta"], strict=True):
             assert a == pytest.approx(b)  # one update: the same weights on both ranks
-        expected = _expected_delta(mine["before"], n)
+        expected = _expected_delta(mine["before"], n, updates)
         for got, want in zip(mine["delta"], expected, strict=True):
             assert got == pytest.approx(want, rel=1e-4, abs=1e-6), (step, n)
         assert mine["samples"] + theirs["samples"] == n

@@ -129,6 +129,23 @@ def test_bad_overrides_fail_clearly(override: str, expected: str) -> None:
         load_config(OnlineRLConfig, "embedded", [override])
 
 
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (["trainer.updates_per_batch=2"], "updates_per_batch=2 needs schedule='rollout_batch'"),
+        (["trainer.updates_per_batch=2", "trainer.schedule=rollout_batch",
+          "loss.ratio_anchor=recomputed"], "needs loss.ratio_anchor='behaviour'"),
+    ],
+)  # fmt: skip
+def test_several_updates_per_batch_need_a_batch_and_a_fixed_anchor(
+    overrides: list[str], says: str
+) -> None:
+    with pytest.raises(ConfigError, match=says):
+        load_config(OnlineRLConfig, "embedded", overrides)
+    ok = ["trainer.updates_per_batch=2", "trainer.schedule=rollout_batch"]
+    assert load_config(OnlineRLConfig, "embedded", ok).trainer.updates_per_batch == 2
+
+
 def test_every_bundled_file_has_a_header_comment() -> None:
     for path in CONFIG_DIR.glob("*.yaml"):
         assert path.read_text().startswith("#"), path

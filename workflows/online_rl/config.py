@@ -226,6 +226,12 @@ class OnlineRLConfig(_Strict):
                 "env.embedded.backend=desktop plays OSWorld-format tasks: set task_source.kind="
                 "osworld (e.g. the built-in set, --config embedded_desktop)"
             )
+        if self.trainer.updates_per_batch > 1 and self.loss.ratio_anchor != "behaviour":
+            raise ValueError(
+                f"trainer.updates_per_batch={self.trainer.updates_per_batch} needs "
+                f"loss.ratio_anchor='behaviour' (got {self.loss.ratio_anchor!r}): a recomputed "
+                "anchor restarts the ratio at 1 on every update, so nothing would bound them"
+            )
         if self.rollout.history_screens > self.policy.max_images:
             raise ValueError(
                 f"rollout.history_screens={self.rollout.history_screens} exceeds "

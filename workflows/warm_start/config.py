@@ -173,6 +173,9 @@ class WarmStartConfig(_Strict):
         what = self.model_dump(mode="json", exclude={"cache_dir", "ray", "env"})
         what["model"] = self.model_spec.model_dump(mode="json")
         what["demos"].pop("concurrency")
+        # RL-only (rollout batches); an SFT run never reads it, and adding it must not
+        # invalidate the warm starts already built.
+        what["bc"]["trainer"].pop("updates_per_batch")
         blob = json.dumps(what, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
