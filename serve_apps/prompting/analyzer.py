@@ -18,15 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
 
-from serve_apps.prompting.elements import named_line
 from serve_apps.prompting.messages import history_text
 
 Image = TypeVar("Image")
 PromptStyle = Literal["compact", "reference"]
-
-# Bumped whenever the compact prompt's text changes: the warm start's digest includes it, so
-# an analyzer trained on an older prompt is rebuilt rather than served a prompt it never saw.
-COMPACT_PROMPT_VERSION = 2
 
 ANSWER_FORMAT = '{"consistency": 0 or 1, "effectiveness": 0 or 1, "guide": "...", "avoid": "..."}'
 
@@ -66,18 +61,16 @@ def analyzer_messages(
 ) -> tuple[list[dict[str, Any]], list[Image]]:
     """Messages and images (before, after) for one transition. ``context`` is what the policy
     saw of the screen before besides the image (the elements style's numbered elements, which
-    its answers refer to); empty for answers that carry their own coordinates. With a context,
-    a ``click N`` response is followed by element N's line: a tiny model cannot read the
-    click point off the image, and matching a number to a line is the judgment's hard part."""
+    its answers refer to); empty for answers that carry their own coordinates."""
     before = f"Task: {instruction.strip()}\n{history_text(history, max_history_lines)}\n"
     if context.strip():
         before += f"Elements before the step:\n{context.strip()}\n"
     before += "Screen before the step:"
-    named = named_line(response, context) if context.strip() else None
-    middle = f"\nAgent response:\n{response.strip()}\n"
-    if named is not None:
-        middle += f"Element it clicks: {named}\n"
-    middle += f"Executed action: {action_json.strip()}\nScreen after the step:"
+    middle = (
+        f"\nAgent response:\n{response.strip()}\n"
+        f"Executed action: {action_json.strip()}\n"
+        "Screen after the step:"
+    )
     content = [
         {"type": "text", "text": before},
         {"type": "image"},

@@ -181,16 +181,6 @@ def parse_answer(text: str, elements: Sequence[Listed]) -> Action:
     return invalid(f"not an answer of the elements style: {answer[:60]!r}", answer)
 
 
-def named_line(answer: str, listing: str) -> str | None:
-    """The line of an element listing (as :func:`element_line` writes it) that a ``click N``
-    answer names; None for other answers or a number the listing lacks. The analyzer sees it
-    beside the answer: what a large model reads off the screenshot at the click point."""
-    m = _CLICK.fullmatch(" ".join(answer.split()))
-    if m is None:
-        return None
-    return next((line for line in listing.splitlines() if line.split(" ", 1)[0] == m[1]), None)
-
-
 def summarize_answer(text: str, elements: Sequence[Listed]) -> str:
     """The history line of an answer: element numbers change between screens, so a click is
     remembered by what it clicked (``click button 'Submit'``)."""

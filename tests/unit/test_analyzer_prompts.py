@@ -1,6 +1,6 @@
-"""The analyzer's two request styles: the compact one (frozen per COMPACT_PROMPT_VERSION: the
-cached warm-start analyzer is trained on it, byte for byte) and the reference one (history
-screenshots with the policy's full earlier responses, as the reference analyzer)."""
+"""The analyzer's two request styles: the compact one (frozen: the cached warm-start analyzer
+is trained on it, byte for byte) and the reference one (history screenshots with the policy's
+full earlier responses, as the reference analyzer)."""
 
 from __future__ import annotations
 
@@ -44,29 +44,6 @@ def test_compact_prompt_is_unchanged() -> None:
             ],
         },
     ]
-
-
-LISTING = "0 text 'Click on 'Ok'.' 503 121\n1 button 'Cancel' 140 550\n12 button 'Ok' 115 397 match"
-
-
-@pytest.mark.parametrize(
-    ("response", "shown"),
-    [
-        ("click 12", "12 button 'Ok' 115 397 match"),
-        (" click  1\n", "1 button 'Cancel' 140 550"),
-        ("click 2", None),  # not on the list: nothing to show
-        ('type "Ok"', None),
-    ],
-)
-def test_compact_prompt_shows_the_element_a_click_names(response: str, shown: str | None) -> None:
-    messages, _ = analyzer_messages("Click Ok", [], "B", response, ACTION, "A", context=LISTING)
-    middle = messages[1]["content"][2]["text"]
-    if shown is None:
-        assert "Element it clicks" not in middle
-    else:
-        assert f"\nElement it clicks: {shown}\nExecuted action: {ACTION}\n" in middle
-    no_listing, _ = analyzer_messages("Click Ok", [], "B", response, ACTION, "A")
-    assert "Element it clicks" not in no_listing[1]["content"][2]["text"]
 
 
 def test_reference_prompt_shows_history_screens_with_full_responses() -> None:

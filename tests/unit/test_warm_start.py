@@ -136,9 +136,7 @@ def test_gap_summary() -> None:
     assert gap_summary([]) == {"n": 0}
 
 
-def test_cache_key_ignores_where_it_runs_but_not_what_is_built(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_cache_key_ignores_where_it_runs_but_not_what_is_built(tmp_path: Path) -> None:
     a = WarmStartConfig(cache_dir=str(tmp_path))
     assert a.digest() == WarmStartConfig(cache_dir="/elsewhere").digest()
     assert (
@@ -147,15 +145,6 @@ def test_cache_key_ignores_where_it_runs_but_not_what_is_built(
     )
     assert a.digest() != WarmStartConfig(seed=1).digest()
     assert a.digest() != a.model_copy(update={"bc": BCConfig(steps=7)}).digest()
-    rl_only = a.bc.trainer.model_copy(update={"updates_per_batch": 3})  # SFT never reads it
-    assert (
-        a.digest()
-        == a.model_copy(update={"bc": a.bc.model_copy(update={"trainer": rl_only})}).digest()
-    )
-    before = a.digest()  # an analyzer trained on another prompt text is another build
-    monkeypatch.setattr("workflows.warm_start.config.COMPACT_PROMPT_VERSION", -1)
-    assert a.digest() != before
-    monkeypatch.undo()
     assert a.folder.parent == tmp_path and a.folder.name.startswith("warm-0-")
 
 

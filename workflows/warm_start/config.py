@@ -16,7 +16,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from env_client.config import EnvClientConfig
-from serve_apps.prompting.analyzer import COMPACT_PROMPT_VERSION
 from train_loops.config import OptimConfig, TrainerConfig, cpu_trainer
 from workflows.common.config_io import load_config
 from workflows.common.ray_cluster import RayClusterConfig
@@ -177,7 +176,6 @@ class WarmStartConfig(_Strict):
         # RL-only (rollout batches); an SFT run never reads it, and adding it must not
         # invalidate the warm starts already built.
         what["bc"]["trainer"].pop("updates_per_batch")
-        what["analyzer_prompt"] = COMPACT_PROMPT_VERSION
         blob = json.dumps(what, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
