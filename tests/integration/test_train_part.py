@@ -116,7 +116,7 @@ def test_each_rollout_batch_is_exact_mean_updates_on_two_ranks(tmp_path: Path) -
     for step, (n, updates) in enumerate(sizes):
         mine, theirs = ranks[0][step], ranks[1][step]
         for a, b in zip(mine["delta"], theirs["delta"], strict=True):
-            assert a == pytest.approx(b)  # one update: the same weights on both ranks
+            assert a == pytest.approx(b)  # the same weights on both ranks
         expected = _expected_delta(mine["before"], n, updates)
         for got, want in zip(mine["delta"], expected, strict=True):
             assert got == pytest.approx(want, rel=1e-4, abs=1e-6), (step, n)
