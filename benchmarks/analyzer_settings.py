@@ -8,14 +8,17 @@ a cached warm start's own policy and data (same transitions, annotations, split 
 
 An arm is a space-separated set of ``analyzer.*`` overrides of the warm-start config
 (``workflows/configs/warm_start.yaml``); ``""`` is the config as it is. For each build and arm
-the build's policy and its ``analyzer-pipeline/`` data are copied into
-``--out/<build>/<arm>/``, the analyzer is trained with the warm start's own pipeline settings
-plus the arm's, and the held-out transitions are judged through the analyzer deployment (Ray
-Serve), as the build does. An arm that asks for more task instances (``analyzer.seeds_per_task``)
-(or episodes of a kind) than the build collected first collects the missing episodes with the build's policy in the
-embedded environment and annotates them; that data is stored once per build and instance
-settings (``--out/<build>/data-seeds<N>-…/``) and shared by the arms that ask for it, so more data
-also means a larger held-out set (each row gives its size and its majority answer).
+the build's policy and its ``analyzer-pipeline/`` data are copied into ``--out/<build>/<arm>/``,
+the analyzer is trained with the warm start's own pipeline settings plus the arm's, and the
+held-out transitions are judged through the analyzer deployment (Ray Serve), as a build does.
+
+An arm whose collection settings differ from the build's (more task instances, or other episode
+counts per instance) first collects the missing episodes with the build's policy in the
+embedded environment and annotates them; the build's own episodes are kept (an arm that asks
+for fewer than the build has is refused). That data is
+stored once per build and collection settings (``--out/<build>/data-seeds<N>-…/``, marked
+complete only at the end) and shared by the arms that ask for it. More data also means a larger
+held-out set, so each row gives its size and its own majority answer.
 
 About 8-9 minutes an arm at the default size on 2 cores; 12 epochs about 13; 3x the instances
 adds ~3 minutes of collection once. Prints one table row per arm as it ends; the last line is
@@ -120,6 +123,15 @@ def pipeline_config(overrides: list[str], work: Path, port: int, env: Any = None
     return pc.model_copy(update={"serve_http_port": port})
 
 
+def fewer_than_built(warm: Path, overrides: list[str]) -> list[str]:
+    """The arm's collection settings below the build's: stored episodes cannot be left out (the
+    pipeline trains on every annotation in its folder), so such an arm cannot be measured."""
+    from workflows.warm_start.config import load
+
+    wanted, built = collection(load(overrides=overrides).analyzer), built_collection(warm)
+    return [f"analyzer.{k}={wanted[k]} < {built[k]}" for k in COLLECTION if wanted[k] < built[k]]
+
+
 def data_source(warm: Path, overrides: list[str], out: Path, port: int) -> Path:
     """The build itself, or a copy of it with the episodes the arm's collection settings add
     (the build's own are kept), stored under ``out`` and reused by later arms and runs."""
@@ -181,6 +193,16 @@ def main(argv: list[str] | None = None) -> int:
     from workflows.warm_start.config import load
 
     builds = [Path(w).expanduser() for w in args.warm] if args.warm else [load().folder]
+    for warm in builds:
+        if not (warm / "warm_start.json").is_file():
+            print(f"analyzer_settings.py: error: {warm} is not a finished warm start build (no "
+                  "warm_start.json); build one with python -m workflows.warm_start", file=sys.stderr)  # fmt: skip
+            return 2
+        for overrides in args.arm:
+            if fewer := fewer_than_built(warm, overrides):
+                print(f"analyzer_settings.py: error: {warm.name} collected more than the arm "
+                      f"{' '.join(overrides)!r} asks for: {', '.join(fewer)}", file=sys.stderr)  # fmt: skip
+                return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
