@@ -151,6 +151,12 @@ class TrainerConfig(BaseModel):
     micro_batch_size: int = Field(
         1, ge=1, description="Samples per forward/backward on one worker (our choice)."
     )
+    sort_by_length: bool = Field(
+        True,
+        description="fixed schedule: a worker orders its rows of a step by token count before "
+        "cutting micro-batches, so rows of like length share one and less padding is "
+        "computed. The loss is a mean over samples, so the step's gradient is the same.",
+    )
     max_steps: int = Field(
         1000, ge=1, description="Stop when the step counter reaches this (counted across resumes)."
     )

@@ -275,7 +275,8 @@ class Loop:
             )  # fmt: skip
             self.state.samples_seen += int(rows[0]["batch_real"])
         else:
-            outs = [self._micro(chunk) for chunk in _chunks(rows, self.cfg.micro_batch_size)]
+            ordered = by_length(rows) if self.cfg.sort_by_length else rows
+            outs = [self._micro(chunk) for chunk in _chunks(ordered, self.cfg.micro_batch_size)]
             means = mean_of([o.metrics for o in outs])
             sums = {"tokens": float(sum(o.tokens for o in outs)), "samples": float(len(rows))}
             self.state.samples_seen += self.cfg.samples_per_step
@@ -468,6 +469,16 @@ def progress_line(run: str, step: int, max_steps: int, metrics: dict[str, float]
         f"[train {run}] step {step}/{max_steps} loss {loss:.4f} "
         f"{per_step:.2f} s/step, about {eta_min:.1f} min left"
     )
+
+
+def by_length(rows: Sequence[Row]) -> list[Row]:
+    """Rows shortest first by their token ids (prompt plus target or response); a stable sort,
+    so equal lengths keep their order. A micro-batch is padded to its longest row, so
+    neighbours of like length waste the least compute."""
+    return sorted(rows, key=lambda r: sum(len(r.get(k) or ()) for k in _ID_FIELDS))
+
+
+_ID_FIELDS = ("prompt_ids", "target_ids", "response_ids")
 
 
 def _chunks(rows: Sequence[Row], size: int) -> list[Sequence[Row]]:

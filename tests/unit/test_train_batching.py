@@ -204,3 +204,36 @@ def test_weighted_sft_objective_equals_the_plain_one_at_weight_1(
     assert SFTObjective(encoder).micro_step(policy, heavy).metrics["loss/sft"] != pytest.approx(
         plain, rel=1e-3
     )
+
+
+def test_length_sorted_micro_batches_give_the_same_step_with_less_padding(
+    tiny_policy_path: Path, encoder: ImageEncoder
+) -> None:
+    from transformers import AutoModelForImageTextToText
+
+    from train_loops.loop import by_length
+
+    rows = make_sft_samples(str(tiny_policy_path), n=4)
+    shortest = min(len(r["prompt_ids"]) for r in rows)
+    for row, extra in zip(rows, (9, 2, 8, 3), strict=True):  # long, short, long, short
+        row["target_ids"] = row["target_ids"][: shortest - len(row["prompt_ids"]) + 12 + extra]
+    ordered = by_length(rows)
+    sizes = [len(r["prompt_ids"]) + len(r["target_ids"]) for r in ordered]
+    assert sizes == sorted(sizes) and [r["sample_id"] for r in ordered] != [
+        r["sample_id"] for r in rows
+    ]
+
+    def step(order: list[dict]) -> tuple[dict[str, torch.Tensor], int]:
+        """Gradient of two accumulated micro-batches of 2, and the positions computed."""
+        policy = AutoModelForImageTextToText.from_pretrained(str(tiny_policy_path)).train()
+        positions = 0
+        for chunk in (order[:2], order[2:]):
+            (SFTObjective(encoder).micro_step(policy, chunk).loss / 2).backward()
+            positions += collate_sft(chunk, encoder).inputs.input_ids.numel()
+        return {n: p.grad.clone() for n, p in policy.named_parameters()}, positions
+
+    plain, plain_positions = step(rows)
+    sorted_grads, sorted_positions = step(ordered)
+    assert sorted_positions < plain_positions
+    for name, grad in plain.items():
+        assert torch.allclose(grad, sorted_grads[name], atol=1e-6, rtol=1e-4), name
