@@ -33,7 +33,11 @@ from serve_apps.backends.base import ChatPrompt, Generation, Sampling
 from serve_apps.config import AnalyzerAppConfig
 from serve_apps.errors import RequestError
 from serve_apps.judgment import combine_votes
-from serve_apps.prompting.analyzer import analyzer_messages, reference_analyzer_messages
+from serve_apps.prompting.analyzer import (
+    reference_analyzer_messages,
+    trained_prompt_mismatch,
+    transition_messages,
+)
 from serve_apps.server import ModelServer, check_budget, parse_request
 
 
@@ -101,7 +105,8 @@ class AnalyzerServer(ModelServer):
                 t.screenshot_after,
                 context=t.context,
             )
-        return analyzer_messages(
+        return transition_messages(
+            self.analyzer_cfg.prompt_style,
             t.instruction,
             t.history,
             t.screenshot_before,
@@ -125,6 +130,9 @@ class AnalyzerServer(ModelServer):
 def build_analyzer_app(args: AnalyzerAppConfig) -> Application:
     """Typed app builder (``serve run serve_apps.analyzer:build_app key=value ...``)."""
     cfg = args if isinstance(args, AnalyzerAppConfig) else AnalyzerAppConfig.model_validate(args)
+    mismatch = trained_prompt_mismatch(cfg.model_path, cfg.prompt_style, cfg.full_system_prompt)
+    if mismatch:
+        raise ValueError(mismatch)
     return AnalyzerServer.options(  # type: ignore[attr-defined]
         name=cfg.name,
         num_replicas=cfg.num_replicas,

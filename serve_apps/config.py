@@ -241,13 +241,14 @@ class AnalyzerAppConfig(_ServerConfig):
     full_system_prompt: bool = Field(
         True,
         description="compact prompt: the detailed analyzer instructions (False: a one-line "
-        "version); the reference prompt has its own.",
+        "version); minimal has none, reference its own.",
     )
-    prompt_style: Literal["compact", "reference"] = Field(
+    prompt_style: Literal["compact", "minimal", "reference"] = Field(
         "compact",
-        description="compact: screens before/after + one-line action summaries (the embedded "
-        "analyzer is trained on it); reference: the reference analyzer's request, with the "
-        "history screenshots and the policy's full earlier responses (production).",
+        description="compact: screens before/after + one-line action summaries; minimal: the "
+        "same without instructions and with short labels, half the tokens (the embedded warm "
+        "start's analyzer is trained on it); reference: the reference analyzer's request, "
+        "with the history screenshots and the policy's full earlier responses (production).",
     )
 
     fault_rate: float = Field(

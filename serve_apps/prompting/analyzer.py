@@ -11,17 +11,26 @@ Pure Python. Both ask for JSON only:
   earlier screenshot with the policy's FULL response at that step, then the screen before,
   the response under judgment, the executed action and the screen after; guide/avoid are
   advice for acting from the pre-action context. Production uses it.
+- ``minimal`` (:func:`minimal_analyzer_messages`): compact's content with no instructions,
+  one-word labels and the executed action in one short line: about half compact's tokens,
+  for a small analyzer that learns the task from its training data (the embedded warm
+  start's), where every prompt token is SFT compute.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from serve_apps.prompting.messages import history_text
 
 Image = TypeVar("Image")
-PromptStyle = Literal["compact", "reference"]
+PromptStyle = Literal["compact", "minimal", "reference"]
+
+TRAINING_INFO = "analyzer_training.json"
+"""What the analyzer pipeline writes beside a trained analyzer's weights (its prompt among it)."""
 
 ANSWER_FORMAT = '{"consistency": 0 or 1, "effectiveness": 0 or 1, "guide": "...", "avoid": "..."}'
 
@@ -84,6 +93,81 @@ def analyzer_messages(
         {"role": "user", "content": content},
     ]
     return messages, [screenshot_before, screenshot_after]
+
+
+def minimal_analyzer_messages(
+    instruction: str,
+    history: Sequence[str],
+    screenshot_before: Image,
+    response: str,
+    action_json: str,
+    screenshot_after: Image,
+    *,
+    max_history_lines: int = 10,
+    context: str = "",
+) -> tuple[list[dict[str, Any]], list[Image]]:
+    """:func:`analyzer_messages`' content in a user turn alone: no system prompt (a constant
+    that a model trained on this layout gains nothing from), the history on one line, and
+    :func:`action_line` for the executed action."""
+    shown = list(history)[-max_history_lines:] if max_history_lines > 0 else []
+    before = f"Task: {instruction.strip()}\nPrevious: {'; '.join(shown) if shown else 'none'}\n"
+    if context.strip():
+        before += f"Elements:\n{context.strip()}\n"
+    middle = f"\nResponse: {response.strip()}\nExecuted: {action_line(action_json)}\nAfter:"
+    content = [
+        {"type": "text", "text": before + "Before:"},
+        {"type": "image"},
+        {"type": "text", "text": middle},
+        {"type": "image"},
+    ]
+    return [{"role": "user", "content": content}], [screenshot_before, screenshot_after]
+
+
+def action_line(action_json: str) -> str:
+    """An executed action's JSON in one short line: ``left_click 309 554``, ``type "abc"``,
+    ``key ctrl+a``. The ``thought`` is left out (the response above it says it); anything that
+    is not an action object is passed through as it is."""
+    try:
+        action = json.loads(action_json)
+    except ValueError:
+        return action_json.strip()
+    if not isinstance(action, dict) or not isinstance(action.get("name"), str):
+        return action_json.strip()
+    words = [action["name"]]
+    for key, value in action.items():
+        if key in ("name", "thought") or value in (None, "", []):
+            continue
+        if key == "coordinate" and isinstance(value, list):
+            words.append(" ".join(str(c) for c in value))
+        elif key == "keys" and isinstance(value, list):
+            words.append("+".join(str(k) for k in value))
+        else:
+            words.append(json.dumps(value))
+    return " ".join(words)
+
+
+def transition_messages(
+    style: PromptStyle,
+    instruction: str,
+    history: Sequence[str],
+    screenshot_before: Image,
+    response: str,
+    action_json: str,
+    screenshot_after: Image,
+    *,
+    full: bool = True,
+    context: str = "",
+) -> tuple[list[dict[str, Any]], list[Image]]:
+    """The prompt of a transition without history screens, in ``style``; one function for the
+    deployment and the SFT samples, so that an analyzer is served the layout it learnt."""
+    args = (instruction, history, screenshot_before, response, action_json, screenshot_after)
+    if style == "compact":
+        return analyzer_messages(*args, full=full, context=context)
+    if style == "minimal":
+        return minimal_analyzer_messages(*args, context=context)
+    raise ValueError(
+        f"prompt_style {style!r} needs the history screens: use reference_analyzer_messages"
+    )
 
 
 REFERENCE_ANALYZER_PROMPT = """You analyze one action of a GUI agent, strictly. The task, the \
@@ -166,3 +250,26 @@ class _Parts:
     def image(self, image: Any) -> None:
         self.content.append({"type": "image"})
         self.images.append(image)
+
+
+def trained_prompt_mismatch(model_path: str, style: str, full: bool) -> str | None:
+    """Why serving ``model_path`` with this prompt would judge from a layout it never saw, or
+    None. Only analyzers that the pipeline trained say what they learnt (:data:`TRAINING_INFO`
+    with ``full_system_prompt``; ``prompt_style`` is compact when absent); other folders, and
+    ones this process cannot read, pass."""
+    try:
+        info = json.loads((Path(model_path) / TRAINING_INFO).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or "full_system_prompt" not in info:
+        return None
+    learnt = str(info.get("prompt_style", "compact"))
+    if learnt == style and (style != "compact" or bool(info["full_system_prompt"]) == full):
+        return None
+    said = f"prompt_style={learnt}"
+    if learnt == "compact":
+        said += f" with full_system_prompt={bool(info['full_system_prompt'])}"
+    return (
+        f"the analyzer at {model_path} was trained on {said} ({TRAINING_INFO}), but the config "
+        f"asks for prompt_style={style} with full_system_prompt={full}: set analyzer.{said}"
+    )

@@ -121,6 +121,11 @@ def test_collect_annotate_train_and_deploy_the_analyzer(
     assert set(agree["accuracy"]) == {"consistency", "effectiveness", "d"}
     assert all(0.0 <= v <= 1.0 for v in agree["accuracy"].values())
     assert (cfg.run_dir / "analyzer_report.md").read_text().startswith("# Analyzer agreement")
+    lines = (cfg.run_dir / train_analyzer.PREDICTIONS).read_text().splitlines()
+    predicted = [json.loads(x) for x in lines]
+    assert len(predicted) == agree["n"] and all(p["raw"] for p in predicted)
+    hits = sum(p["d"] == p["label"]["d"] for p in predicted)
+    assert hits == round(agree["accuracy"]["d"] * agree["n"])
     base, trained = _load_weights(tiny_policy_path), _load_weights(model)
     changed = [k for k in base if not torch.equal(base[k], trained[k])]
     assert len(changed) > len(base) // 2, f"only {len(changed)} tensors changed"
@@ -130,6 +135,7 @@ def test_collect_annotate_train_and_deploy_the_analyzer(
     # --- the online RL job takes it as its analyzer
     rl = load_config(OnlineRLConfig, "embedded", [f"analyzer.model_path={model}"])
     assert Path(rl.analyzer.model_path) == model
+    assert rl.analyzer.prompt_style == cfg.analyzer.prompt_style == "minimal"
     assert rl.analyzer.full_system_prompt == cfg.analyzer.full_system_prompt
 
     # --- the OpenAI-compatible expert against our own Serve endpoint (the trained analyzer)

@@ -74,23 +74,31 @@ def test_agreement_counts_unparsed_answers_as_wrong() -> None:
     assert "| d | 33.3% | 66.7% |" in text
 
 
-def test_sft_sample_is_the_deployments_prompt_plus_answer(tiny_policy_path: Path) -> None:
+@pytest.mark.parametrize("style", ["compact", "minimal"])
+def test_sft_sample_is_the_deployments_prompt_plus_answer(
+    tiny_policy_path: Path, style: str
+) -> None:
     from serve_apps.api import Transition
-    from serve_apps.prompting.analyzer import analyzer_messages
+    from serve_apps.prompting.analyzer import analyzer_messages, minimal_analyzer_messages
     from serve_apps.prompting.inputs import PromptEncoder
     from train_loops.batching import ImageEncoder, collate_sft
 
     item = labeled("t", "e", 1, 1)
-    builder = SampleBuilder(str(tiny_policy_path), full_prompt=False)
+    builder = SampleBuilder(str(tiny_policy_path), full_prompt=False, prompt_style=style)
     row = builder.row(item)
     # What serve_apps.analyzer.AnalyzerServer does with the same transition:
     t = Transition.model_validate(transition_request(item.transition))
-    messages, images = analyzer_messages(
-        t.instruction, t.history, t.screenshot_before, t.response, t.action,
-        t.screenshot_after, full=False,
-    )  # fmt: skip
+    args = (t.instruction, t.history, t.screenshot_before, t.response, t.action)
+    messages, images = (
+        analyzer_messages(*args, t.screenshot_after, full=False)
+        if style == "compact"
+        else minimal_analyzer_messages(*args, t.screenshot_after)
+    )
     encoder = PromptEncoder.from_pretrained(tiny_policy_path)
     assert row["prompt_ids"] == encoder.encode(messages, encoder.load_images(images)).prompt_ids
+    if style == "minimal":  # the point of it: far fewer tokens to train on
+        compact = SampleBuilder(str(tiny_policy_path), full_prompt=False).row(item)
+        assert len(row["prompt_ids"]) < 0.7 * len(compact["prompt_ids"])
     tok = encoder.tokenizer
     assert row["target_ids"][-1] == tok.convert_tokens_to_ids(END_OF_TURN)
     assert tok.decode(row["target_ids"][:-1]) == item.annotation["text"]
@@ -111,3 +119,12 @@ def test_verdict_weight_lands_on_the_two_verdict_digits(tiny_policy_path: Path) 
              if w == 8.0]  # fmt: skip
     assert "".join(heavy).replace(" ", "") == "10"  # consistency 1, effectiveness 0
     assert row["target_weights"].count(1.0) == len(row["target_ids"]) - len(heavy)
+
+
+def test_pipeline_trains_only_prompts_without_history_screens(tiny_policy_path: Path) -> None:
+    from serve_apps.config import AnalyzerAppConfig
+
+    with pytest.raises(ValueError, match=r"analyzer\.prompt_style='reference'"):
+        PipelineConfig(analyzer=AnalyzerAppConfig(model_path="auto", prompt_style="reference"))
+    with pytest.raises(ValueError, match="prompt_style='reference'"):
+        SampleBuilder(str(tiny_policy_path), full_prompt=False, prompt_style="reference")

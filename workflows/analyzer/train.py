@@ -35,10 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from serve_apps.prompting.analyzer import TRAINING_INFO, PromptStyle
 from workflows.common.pipeline import parse_cli
 from workflows.common.pipeline_config import TRAINED_ANALYZER, PipelineConfig
 
 MODEL_DIR = "analyzer_model"
+PREDICTIONS = "analyzer_predictions.jsonl"
 SFT_RUN = "analyzer_sft"
 REPORT = "analyzer_report"
 VERDICT_VALUE = re.compile(r'"(consistency|effectiveness)"\s*:\s*(-?\d+)')
@@ -106,19 +108,27 @@ class SampleBuilder:
         full_prompt: bool,
         target_prefix: str = "",
         verdict_weight: float = 1.0,
+        prompt_style: PromptStyle = "compact",
     ) -> None:
         from serve_apps.prompting.inputs import PromptEncoder
 
+        if prompt_style not in ("compact", "minimal"):
+            raise ValueError(
+                f"analyzer.prompt_style={prompt_style!r}: the pipeline's transitions carry no "
+                "history screens, so it trains the compact or minimal prompt only"
+            )
         self.encoder = PromptEncoder.from_pretrained(model_path)
         self.full_prompt = full_prompt
+        self.prompt_style = prompt_style
         self.target_prefix = target_prefix
         self.verdict_weight = verdict_weight
 
     def prompt_ids(self, t: Mapping[str, Any]) -> list[int]:
-        from serve_apps.prompting.analyzer import analyzer_messages
+        from serve_apps.prompting.analyzer import transition_messages
 
         req = transition_request(t)
-        messages, images = analyzer_messages(
+        messages, images = transition_messages(
+            self.prompt_style,
             req["instruction"], req["history"], req["screenshot_before"], req["response"],
             req["action"], req["screenshot_after"], full=self.full_prompt,
             context=req["context"],
@@ -210,7 +220,7 @@ def export_model(checkpoint: Path, out: Path, info: Mapping[str, Any]) -> Path:
                 os.link(src, tmp / src.name)
             except OSError:
                 shutil.copy2(src, tmp / src.name)
-    (tmp / "analyzer_training.json").write_text(json.dumps(dict(info), indent=2))
+    (tmp / TRAINING_INFO).write_text(json.dumps(dict(info), indent=2))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
@@ -303,8 +313,9 @@ def train(cfg: PipelineConfig, train_set: list[Labeled]) -> tuple[Path, dict[str
 
     base = resolve_model_path(cfg.train.base_model or cfg.policy.model_path, "policy")
     builder = SampleBuilder(
-        base, cfg.analyzer.full_system_prompt, cfg.train.target_prefix, cfg.train.verdict_weight
-    )
+        base, cfg.analyzer.full_system_prompt, cfg.train.target_prefix, cfg.train.verdict_weight,
+        cfg.analyzer.prompt_style,
+    )  # fmt: skip
     rows = [builder.row(it) for it in train_set]
     random.Random(cfg.seed).shuffle(rows)
     stats = _token_stats(rows)
@@ -322,6 +333,7 @@ def train(cfg: PipelineConfig, train_set: list[Labeled]) -> tuple[Path, dict[str
         "sft_steps": planned_steps(cfg, len(rows)),
         "fit_s": time.time() - t0,
         "full_system_prompt": cfg.analyzer.full_system_prompt,
+        "prompt_style": cfg.analyzer.prompt_style,
         "target_prefix": cfg.train.target_prefix,
         "tokens": stats,
         "trainer_checkpoint": str(checkpoint),
@@ -343,6 +355,25 @@ def evaluate_analyzer(cfg: PipelineConfig, model_path: str, holdout: list[Labele
         return asyncio.run(judge_all(handle, holdout, cfg.train.eval_concurrency))
 
 
+def write_predictions(
+    path: Path, holdout: Sequence[Labeled], predictions: Sequence[Mapping[str, Any]]
+) -> None:
+    """One line per held-out transition: its label beside the analyzer's verdicts, parse
+    status and raw answer, to see what a low agreement is made of (written whole, then
+    renamed, so a reader never sees half of it)."""
+    lines = []
+    for item, pred in zip(holdout, predictions, strict=True):
+        line = {"transition_id": item.transition["transition_id"],
+                "source": item.transition["source"],
+                "label": {f: item.annotation[f] for f in ("consistency", "effectiveness", "d")},
+                **{k: pred.get(k) for k in ("consistency", "effectiveness", "d", "status",
+                                            "reason", "raw")}}  # fmt: skip
+        lines.append(json.dumps(line, default=str))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(x + "\n" for x in lines))
+    tmp.replace(path)
+
+
 def run(cfg: PipelineConfig, eval_only: bool = False) -> dict[str, Any]:
     from workflows.common.pipeline import ray_session, resolve_model_path, write_json
 
@@ -362,9 +393,9 @@ def run(cfg: PipelineConfig, eval_only: bool = False) -> dict[str, Any]:
             model, report = str(path), {**report, **info}
         report["analyzer"] = model
         if holdout:
-            report["agreement"] = agreement(
-                holdout, evaluate_analyzer(cfg, model, holdout), train_set
-            )
+            predictions = evaluate_analyzer(cfg, model, holdout)
+            report["agreement"] = agreement(holdout, predictions, train_set)
+            write_predictions(cfg.run_dir / PREDICTIONS, holdout, predictions)
     write_json(cfg.run_dir / f"{REPORT}.json", report)
     if "agreement" in report:
         (cfg.run_dir / f"{REPORT}.md").write_text(report_markdown(report))

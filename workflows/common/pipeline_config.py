@@ -273,6 +273,15 @@ class PipelineConfig(_Strict):
         "annotator and collect's wrong/mismatch episodes need MiniWoB's ground truth.",
     )
 
+    @model_validator(mode="after")
+    def _trainable_prompt(self) -> PipelineConfig:
+        if self.analyzer.prompt_style == "reference":
+            raise ValueError(
+                "analyzer.prompt_style='reference': collect stores no history screens, so the "
+                "pipeline trains and judges the compact or minimal prompt only"
+            )
+        return self
+
     @property
     def run_dir(self) -> Path:
         return Path(self.runs_dir).expanduser().resolve() / self.run_name
