@@ -1,9 +1,9 @@
 """Held-out agreement of the warm start's analyzer under other build settings, each trained on
 a cached warm start's own policy and data (same transitions, annotations, split and seed).
 
-    python benchmarks/analyzer_settings.py        # the default build: default vs 12 epochs
+    python benchmarks/analyzer_settings.py        # the default build: default vs the old one
     python benchmarks/analyzer_settings.py --warm ~/.cache/computersd/warm-0-<digest> \\
-        --warm ~/.cache/computersd/warm-0-<other> --arm "" --arm analyzer.epochs=12 \\
+        --warm ~/.cache/computersd/warm-0-<other> --arm "" --arm analyzer.epochs=6 \\
         --arm "analyzer.seeds_per_task=24 analyzer.epochs=2" --arm analyzer.verdict_weight=10
 
 An arm is a space-separated set of ``analyzer.*`` overrides of the warm-start config
@@ -20,8 +20,8 @@ stored once per build and collection settings (``--out/<build>/data-seeds<N>-…
 complete only at the end) and shared by the arms that ask for it. More data also means a larger
 held-out set, so each row gives its size and its own majority answer.
 
-About 8-9 minutes an arm at the default size on 2 cores; 12 epochs about 13; 3x the instances
-adds ~3 minutes of collection once. Prints one table row per arm as it ends; the last line is
+About 10-11 minutes an arm at the default size on 2 cores (12 epochs of minimal prompts; the
+compact prompt's 6 epochs about 8); 3x the instances adds ~3 minutes of collection once. Prints one table row per arm as it ends; the last line is
 ``analyzer_settings: <build>[<arm>] d=<d>% (majority <m>%) ...``.
 """
 
@@ -43,7 +43,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 DATA = ("transitions", "annotations.jsonl", "collect_summary.json", "annotate_summary.json")
-DEFAULT_ARMS = ["", "analyzer.epochs=12"]
+DEFAULT_ARMS = ["", "analyzer.prompt_style=compact analyzer.epochs=6"]  # new vs old default
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -24,8 +24,9 @@ def test_bundled_yaml_loads_with_cpu_defaults() -> None:
     assert isinstance(cfg.annotate.expert, OracleExpertConfig)
     assert not cfg.train.trainer.use_gpu and cfg.train.trainer.zero_stage == 2
     assert cfg.evaluate.runs == 3 and cfg.evaluate.max_steps <= 50
-    assert cfg.analyzer.full_system_prompt is False  # as the RL job's embedded analyzer
+    assert cfg.analyzer.prompt_style == "minimal"  # as the RL job's embedded analyzer
     embedded = load_config(OnlineRLConfig, "embedded")
+    assert embedded.analyzer.prompt_style == cfg.analyzer.prompt_style
     assert embedded.analyzer.full_system_prompt == cfg.analyzer.full_system_prompt
 
 

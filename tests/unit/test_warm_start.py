@@ -145,6 +145,8 @@ def test_cache_key_ignores_where_it_runs_but_not_what_is_built(tmp_path: Path) -
     )
     assert a.digest() != WarmStartConfig(seed=1).digest()
     assert a.digest() != a.model_copy(update={"bc": BCConfig(steps=7)}).digest()
+    compact = a.analyzer.model_copy(update={"prompt_style": "compact"})
+    assert a.digest() != a.model_copy(update={"analyzer": compact}).digest()
     rl_only = a.bc.trainer.model_copy(update={"updates_per_batch": 3})  # SFT never reads it
     bc = a.bc.model_copy(update={"trainer": rl_only})
     assert a.digest() == a.model_copy(update={"bc": bc}).digest()

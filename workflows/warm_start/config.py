@@ -123,13 +123,18 @@ class AnalyzerBuildConfig(_Strict):
     policy_episodes: int = Field(2, ge=0, description="Warm-policy episodes per instance.")
     expert_episodes: int = Field(1, ge=0, description="Scripted expert episodes per instance.")
     wrong_episodes: int = Field(1, ge=0, description="Scripted mistake episodes per instance.")
-    epochs: float = Field(6.0, gt=0, description="SFT passes over the annotations.")
+    epochs: float = Field(12.0, gt=0, description="SFT passes over the annotations.")
     lr: float = Field(1e-3, gt=0, description="SFT learning rate.")
     cpu_autocast: Literal["off", "bf16"] = Field(
         "bf16", description="The SFT's trainer.cpu_autocast (bf16: ~1.5x faster on CPUs with bf16)."
     )
     zero_stage: Literal[0, 1, 2] = Field(
         0, description="The SFT's trainer.zero_stage (0: nothing to shard at this model size)."
+    )
+    prompt_style: Literal["compact", "minimal"] = Field(
+        "minimal",
+        description="The analyzer's prompt, in its SFT samples and in the job (which reads it "
+        "from the build). minimal: half compact's tokens, so twice the SFT steps in the time.",
     )
     verdict_weight: float = Field(
         1.0,

@@ -31,6 +31,7 @@ def analyzer_pipeline_config(cfg: WarmStartConfig, env: Any, work: Path) -> Pipe
         ),
         analyzer=AnalyzerAppConfig(
             model_path=TRAINED_ANALYZER, num_cpus=0.5, full_system_prompt=False,
+            prompt_style=a.prompt_style,
             sampling=SamplingConfig(temperature=0.0, max_new_tokens=ANALYZER_TOKENS),
         ),
         collect=CollectConfig(
