@@ -147,20 +147,12 @@ def action_line(action_json: str) -> str:
 
 
 def transition_messages(
-    style: PromptStyle,
-    instruction: str,
-    history: Sequence[str],
-    screenshot_before: Image,
-    response: str,
-    action_json: str,
-    screenshot_after: Image,
-    *,
-    full: bool = True,
-    context: str = "",
-) -> tuple[list[dict[str, Any]], list[Image]]:
-    """The prompt of a transition without history screens, in ``style``; one function for the
-    deployment and the SFT samples, so that an analyzer is served the layout it learnt."""
-    args = (instruction, history, screenshot_before, response, action_json, screenshot_after)
+    style: PromptStyle, *args: Any, full: bool = True, context: str = ""
+) -> tuple[list[dict[str, Any]], list[Any]]:
+    """The prompt of a transition without history screens, in ``style``: ``args`` are
+    :func:`analyzer_messages`' (instruction, history, screenshot before, response, action
+    JSON, screenshot after). One function for the deployment and the SFT samples, so that an
+    analyzer is served the layout it learnt."""
     if style == "compact":
         return analyzer_messages(*args, full=full, context=context)
     if style == "minimal":
