@@ -65,7 +65,7 @@ def warm_start(cfg: WarmStartConfig, rebuild: bool = False) -> Path:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     t0 = time.time()
-    log(f"building {folder.name} (about 17 minutes on 2 cores; cached afterwards)")
+    log(f"building {folder.name} (about 18 minutes on 2 cores; cached afterwards)")
     report = _build_into(cfg, work, t0)
     (work / REPORT).write_text(json.dumps(report, indent=2, default=float))
     stamp = {"digest": cfg.digest(), "config": cfg.model_dump(mode="json"), "built_at": time.time()}
