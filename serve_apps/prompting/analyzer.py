@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from serve_apps.prompting.messages import history_text
+from serve_apps.prompting.messages import history_text, previous_line
 
 Image = TypeVar("Image")
 PromptStyle = Literal["compact", "minimal", "reference"]
@@ -109,8 +109,7 @@ def minimal_analyzer_messages(
     """:func:`analyzer_messages`' content in a user turn alone: no system prompt (a constant
     that a model trained on this layout gains nothing from), the history on one line, and
     :func:`action_line` for the executed action."""
-    shown = list(history)[-max_history_lines:] if max_history_lines > 0 else []
-    before = f"Task: {instruction.strip()}\nPrevious: {'; '.join(shown) if shown else 'none'}\n"
+    before = f"Task: {instruction.strip()}\n{previous_line(history, max_history_lines)}\n"
     if context.strip():
         before += f"Elements:\n{context.strip()}\n"
     middle = f"\nResponse: {response.strip()}\nExecuted: {action_line(action_json)}\nAfter:"

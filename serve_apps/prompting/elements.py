@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 from env_client.a11y import A11yNode, parse_tree
 from env_client.actions import Action, invalid, to_pixel, to_relative
+from serve_apps.prompting.messages import previous_line
 
 Image = TypeVar("Image")
 
@@ -103,10 +104,9 @@ def element_label(el: Listed) -> str:
 
 def screen_text(instruction: str, elements: Sequence[Listed], history: Sequence[str]) -> str:
     """The user turn's text before the screenshot."""
-    shown = list(history)[-HISTORY_LINES:]
     lines = [f"Task: {single_quotes(instruction.strip())}", "Elements:"]
     lines += [element_line(e, instruction) for e in elements]
-    lines.append("Previous: " + ("; ".join(shown) if shown else "none"))
+    lines.append(previous_line(history, HISTORY_LINES))
     lines.append("Screen:")
     return "\n".join(lines)
 

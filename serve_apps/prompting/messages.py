@@ -62,6 +62,13 @@ def system_prompt(style: str = "short") -> str:
     return prompts[style]
 
 
+def previous_line(history: Sequence[str], keep: int) -> str:
+    """The last ``keep`` earlier actions on one line: ``Previous: a; b`` (``none`` before
+    the first, or when ``keep`` is 0)."""
+    shown = list(history)[-keep:] if keep > 0 else []
+    return "Previous: " + ("; ".join(shown) if shown else "none")
+
+
 def history_text(history: Sequence[str], max_lines: int | None = None) -> str:
     """Numbered one-line summaries of earlier actions; the oldest are elided past ``max_lines``."""
     if not history:

@@ -359,19 +359,16 @@ def write_predictions(
     path: Path, holdout: Sequence[Labeled], predictions: Sequence[Mapping[str, Any]]
 ) -> None:
     """One line per held-out transition: its label beside the analyzer's verdicts, parse
-    status and raw answer, to see what a low agreement is made of (written whole, then
-    renamed, so a reader never sees half of it)."""
-    lines = []
-    for item, pred in zip(holdout, predictions, strict=True):
-        line = {"transition_id": item.transition["transition_id"],
-                "source": item.transition["source"],
-                "label": {f: item.annotation[f] for f in ("consistency", "effectiveness", "d")},
-                **{k: pred.get(k) for k in ("consistency", "effectiveness", "d", "status",
-                                            "reason", "raw")}}  # fmt: skip
-        lines.append(json.dumps(line, default=str))
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(x + "\n" for x in lines))
-    tmp.replace(path)
+    status and raw answer, to see what a low agreement is made of (written atomically)."""
+    from workflows.common.pipeline import write_jsonl
+
+    fields = ("consistency", "effectiveness", "d")
+    write_jsonl(path, (
+        {"transition_id": item.transition["transition_id"], "source": item.transition["source"],
+         "label": {f: item.annotation[f] for f in fields},
+         **{k: pred.get(k) for k in (*fields, "status", "reason", "raw")}}
+        for item, pred in zip(holdout, predictions, strict=True)
+    ))  # fmt: skip
 
 
 def run(cfg: PipelineConfig, eval_only: bool = False) -> dict[str, Any]:

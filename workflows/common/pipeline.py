@@ -12,7 +12,7 @@ import argparse
 import contextlib
 import json
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -183,8 +183,17 @@ def frozen_policy(base: PolicyAppConfig, model_path: str, name: str) -> PolicyAp
 
 def write_json(path: Path, data: Any) -> Path:
     """Write JSON atomically (temp file + rename)."""
+    return _write_atomically(path, json.dumps(data, indent=2, default=float) + "\n")
+
+
+def write_jsonl(path: Path, rows: Iterable[Any]) -> Path:
+    """Write one JSON object per line atomically (temp file + rename)."""
+    return _write_atomically(path, "".join(json.dumps(r, default=str) + "\n" for r in rows))
+
+
+def _write_atomically(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=float) + "\n")
+    tmp.write_text(text)
     tmp.replace(path)
     return path
