@@ -1,10 +1,12 @@
-"""The project's one JSON-lines writer and reader (metrics, events, annotations).
+"""The project's one JSON-lines appender and reader (metrics, events, annotations).
 
 Append-only: every record is one line, written and flushed on its own, so a killed process
 keeps everything it wrote but the line it was cutting. Readers skip such a cut line, and a
 writer that opens a file ending in one terminates it first, so the next record starts on a
 line of its own. It lives in ``train_loops`` because it is the lowest package that writes
-JSONL (trainer rank 0); ``workflows`` imports it from here.
+JSONL (trainer rank 0); ``workflows`` imports it from here. A file written whole in one go
+(a report) goes through ``workflows.common.pipeline.write_jsonl`` instead, which replaces it
+atomically like ``write_json``.
 
     log = JsonlWriter(run_dir / "metrics.jsonl", run="embedded")   # fields added to every line
     log.write({"loss/pg": 0.1})

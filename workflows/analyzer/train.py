@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from serve_apps.prompting.analyzer import TRAINING_INFO, PromptStyle
-from workflows.common.pipeline import parse_cli
+from workflows.common.pipeline import parse_cli, write_jsonl
 from workflows.common.pipeline_config import TRAINED_ANALYZER, PipelineConfig
 
 MODEL_DIR = "analyzer_model"
@@ -360,8 +360,6 @@ def write_predictions(
 ) -> None:
     """One line per held-out transition: its label beside the analyzer's verdicts, parse
     status and raw answer, to see what a low agreement is made of (written atomically)."""
-    from workflows.common.pipeline import write_jsonl
-
     fields = ("consistency", "effectiveness", "d")
     write_jsonl(path, (
         {"transition_id": item.transition["transition_id"], "source": item.transition["source"],
